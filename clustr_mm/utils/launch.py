@@ -1,0 +1,95 @@
+"""What tools/train.py and tools/test.py share: config loading and launch set-up.
+
+The four OpenMMLab libraries ship near-identical train/test scripts; one pair
+serves them all here. The config's ``default_scope`` names the library, and the
+few behaviours that differ per library are dispatched on it.
+"""
+import argparse
+import os
+import os.path as osp
+
+import torch
+from mmengine.config import Config, DictAction
+
+SCOPES = ('mmpretrain', 'mmdet', 'mmseg', 'mmpose')
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument('config', help='config file path')
+    parser.add_argument(
+        '--work-dir', help='where logs and checkpoints go '
+        '(default: work_dirs/<config name>)')
+    parser.add_argument(
+        '--cfg-options', nargs='+', action=DictAction, default={},
+        help='override config entries, e.g. train_cfg.max_iters=10')
+    parser.add_argument(
+        '--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+        default='none', help='job launcher')
+    # torch.distributed.launch passes --local-rank; torchrun sets LOCAL_RANK.
+    parser.add_argument('--local-rank', '--local_rank', type=int, default=0)
+
+
+def load_config(args: argparse.Namespace) -> Config:
+    """Read the config, apply overrides, set work dir and launcher."""
+    if not osp.isfile(args.config):
+        raise FileNotFoundError(f'config file not found: {args.config}')
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    cfg = Config.fromfile(args.config)
+    cfg.merge_from_dict(args.cfg_options)
+    scope = cfg.get('default_scope')
+    if scope not in SCOPES:
+        raise ValueError(
+            f'{args.config}: default_scope must be one of {SCOPES}, got '
+            f'{scope!r} (inherit a base config of the task library)')
+    cfg.launcher = args.launcher
+    if args.work_dir is not None:
+        cfg.work_dir = args.work_dir
+    elif cfg.get('work_dir') is None:
+        cfg.work_dir = osp.join('work_dirs',
+                                osp.splitext(osp.basename(args.config))[0])
+    if args.launcher != 'none' and not torch.cuda.is_available():
+        prepare_cpu_distributed(cfg)
+    return cfg
+
+
+def _sync_bn_to_bn(node):
+    """SyncBatchNorm needs GPUs; plain BN is what a CPU process group can run."""
+    if isinstance(node, dict):
+        if node.get('type') in ('SyncBN', 'MMSyncBN'):
+            node['type'] = 'BN'
+        for value in node.values():
+            _sync_bn_to_bn(value)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            _sync_bn_to_bn(value)
+
+
+def prepare_cpu_distributed(cfg: Config) -> None:
+    """Make a multi-process run work without GPUs (gloo, no device_ids).
+
+    MMEngine's ``init_dist`` calls ``torch.cuda.set_device`` and its DDP
+    wrapper passes ``device_ids=[LOCAL_RANK]``; both fail on CPU. We start the
+    gloo process group ourselves (the runner then skips ``init_dist``) and
+    wrap without device ids.
+    """
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        dist.init_process_group(backend='gloo')
+    cfg.env_cfg = cfg.get('env_cfg', {})
+    cfg.env_cfg.setdefault('dist_cfg', {})['backend'] = 'gloo'
+    wrapper = cfg.get('model_wrapper_cfg') or dict(
+        type='MMDistributedDataParallel', broadcast_buffers=False,
+        find_unused_parameters=cfg.get('find_unused_parameters', False))
+    wrapper['device_ids'] = None
+    cfg.model_wrapper_cfg = wrapper
+    _sync_bn_to_bn(cfg.model)
+
+
+def build_runner(cfg: Config):
+    """Use the config's custom runner type if it names one (as mmdet does)."""
+    from mmengine.registry import RUNNERS
+    from mmengine.runner import Runner
+    if 'runner_type' in cfg:
+        return RUNNERS.build(cfg)
+    return Runner.from_cfg(cfg)

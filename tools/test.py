@@ -1,0 +1,39 @@
+"""Evaluate a checkpoint of any clustr_mm config with its library's metric.
+
+    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR]
+    bash tools/dist_test.sh CONFIG CHECKPOINT GPUS [args]
+"""
+import argparse
+import os.path as osp
+import sys
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+import clustr_mm  # noqa: E402,F401  (registers models)
+from clustr_mm.utils.launch import (add_common_args, build_runner,  # noqa: E402
+                                    load_config)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_common_args(parser)
+    parser.add_argument('checkpoint', help='checkpoint file to evaluate')
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if not osp.isfile(args.checkpoint):
+        raise FileNotFoundError(f'checkpoint not found: {args.checkpoint}')
+    cfg = load_config(args)
+    cfg.load_from = args.checkpoint
+    runner = build_runner(cfg)
+    metrics = runner.test()
+    print(f'[test] {args.config}: ' + ', '.join(
+        f'{k}={v:.4f}' if isinstance(v, float) else f'{k}={v}'
+        for k, v in metrics.items()))
+    return metrics
+
+
+if __name__ == '__main__':
+    main()
