@@ -7,7 +7,14 @@ objects holding numpy arrays), which the default allow-list refuses, so
 ``--resume`` breaks. Instead of turning the protection off for every load, we
 add exactly the few data-only types those checkpoints contain. Any other global
 in a pickle is still refused.
+
+``HistoryBuffer`` pickles its statistics methods as
+``getattr(HistoryBuffer, 'mean')``. Allowing ``builtins.getattr`` itself would
+let a crafted pickle walk from any allowed object to arbitrary code, so we
+allow, under that name, a getattr that resolves only those methods.
 """
+import pickle
+
 import numpy as np
 import torch
 from mmengine.logging import HistoryBuffer
@@ -23,9 +30,20 @@ def _numpy_types():
     return types
 
 
+def history_buffer_getattr(obj, name: str):
+    """``getattr`` restricted to HistoryBuffer's public statistics methods."""
+    if obj is HistoryBuffer and name in ('min', 'max', 'current', 'mean'):
+        return getattr(obj, name)
+    raise pickle.UnpicklingError(
+        f'checkpoint asks for getattr({obj!r}, {name!r}); only '
+        'HistoryBuffer statistics methods are allowed')
+
+
 RUNNER_CHECKPOINT_TYPES = (HistoryBuffer, *_numpy_types())
 
 
 def allow_runner_checkpoint_types() -> None:
     """Allow-list the data-only types of MMEngine runner checkpoints."""
-    torch.serialization.add_safe_globals(list(RUNNER_CHECKPOINT_TYPES))
+    torch.serialization.add_safe_globals(
+        [*RUNNER_CHECKPOINT_TYPES,
+         (history_buffer_getattr, 'builtins.getattr')])

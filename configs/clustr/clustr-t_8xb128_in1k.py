@@ -1,0 +1,44 @@
+# ClusTR-T on ImageNet-1K: the paper's 300-epoch DeiT/PVTv2 recipe (AdamW lr 1e-3
+# at batch 1024 = 8 GPUs x 128, wd 0.05, cosine, 5 warm-up epochs, RandAugment,
+# Mixup/CutMix, random erasing, label smoothing 0.1, drop path 0.1).
+_base_ = [
+    'mmpretrain::_base_/datasets/imagenet_bs64_swin_224.py',
+    'mmpretrain::_base_/schedules/imagenet_bs1024_adamw_swin.py',
+    'mmpretrain::_base_/default_runtime.py',
+]
+custom_imports = dict(imports=['clustr_mm'], allow_failed_imports=False)
+
+model = dict(
+    type='ImageClassifier',
+    backbone=dict(
+        type='ClusTR', arch='tiny', clustering_mode='exact',
+        drop_path_rate=0.1),
+    neck=dict(type='GlobalAveragePooling'),
+    head=dict(
+        type='LinearClsHead',
+        num_classes=1000,
+        in_channels=512,
+        init_cfg=None,
+        loss=dict(
+            type='LabelSmoothLoss', label_smooth_val=0.1, mode='original'),
+        cal_acc=False),
+    init_cfg=[
+        dict(type='TruncNormal', layer='Linear', std=0.02, bias=0.),
+        dict(type='Constant', layer='LayerNorm', val=1., bias=0.),
+    ],
+    train_cfg=dict(augments=[
+        dict(type='Mixup', alpha=0.8),
+        dict(type='CutMix', alpha=1.0),
+    ]),
+)
+
+train_dataloader = dict(batch_size=128)
+val_dataloader = dict(batch_size=128)
+test_dataloader = val_dataloader
+
+param_scheduler = [
+    dict(type='LinearLR', start_factor=1e-3, by_epoch=True, end=5,
+         convert_to_iter_based=True),
+    dict(type='CosineAnnealingLR', eta_min=1e-5, by_epoch=True, begin=5),
+]
+auto_scale_lr = dict(base_batch_size=1024)

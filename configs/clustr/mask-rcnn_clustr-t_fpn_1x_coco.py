@@ -1,0 +1,29 @@
+# Mask R-CNN 1x on COCO with a ClusTR-T backbone, fine-tuned from ImageNet.
+# Recipe of the paper: AdamW lr 2e-4, wd 1e-4, batch 16 (8 GPUs x 2), 12 epochs.
+_base_ = ['mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py']
+custom_imports = dict(imports=['clustr_mm'], allow_failed_imports=False)
+
+# ImageNet checkpoint to fine-tune from: the output of
+# `tools/train.py configs/clustr/clustr-t_8xb128_in1k.py`, or an official
+# checkpoint converted with tools/model_converters/clustr_official_to_mm.py.
+imagenet_checkpoint = 'work_dirs/clustr-t_8xb128_in1k/epoch_300.pth'
+
+model = dict(
+    backbone=dict(
+        _delete_=True,
+        type='ClusTR',
+        arch='tiny',
+        # Windowed DPC-kNN: never builds an N x N matrix at detection sizes.
+        clustering_mode='window',
+        drop_path_rate=0.1,
+        out_indices=(0, 1, 2, 3),
+        init_cfg=dict(
+            type='Pretrained', checkpoint=imagenet_checkpoint,
+            prefix='backbone.')),
+    neck=dict(in_channels=[64, 128, 256, 512]))
+
+optim_wrapper = dict(
+    _delete_=True,
+    type='OptimWrapper',
+    optimizer=dict(type='AdamW', lr=2e-4, betas=(0.9, 0.999),
+                   weight_decay=1e-4))

@@ -1,0 +1,25 @@
+# RetinaNet 1x on COCO with ClusTR-S (paper recipe: AdamW lr 1e-4, wd 1e-4,
+# batch 16 = 8 GPUs x 2, 12 epochs).
+_base_ = ['mmdet::swin/retinanet_swin-t-p4-w7_fpn_1x_coco.py']
+custom_imports = dict(imports=['clustr_mm'], allow_failed_imports=False)
+
+imagenet_checkpoint = 'work_dirs/clustr-s_8xb128_in1k/epoch_300.pth'
+
+model = dict(
+    backbone=dict(
+        _delete_=True,
+        type='ClusTR',
+        arch='small',
+        clustering_mode='window',
+        drop_path_rate=0.1,
+        out_indices=(1, 2, 3),
+        init_cfg=dict(
+            type='Pretrained', checkpoint=imagenet_checkpoint,
+            prefix='backbone.')),
+    neck=dict(in_channels=[128, 256, 512], start_level=0, num_outs=5))
+
+optim_wrapper = dict(
+    _delete_=True,
+    type='OptimWrapper',
+    optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999),
+                   weight_decay=1e-4))

@@ -1,0 +1,31 @@
+"""Shared fixtures: the repo root, the tiny data, and running the real tools."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope='session')
+def tiny_data():
+    """The embedded datasets in ROOT/data, generated if missing (idempotent)."""
+    run_tool(['tools/data/make_tiny_data.py', '--out', 'data'], timeout=300)
+    return ROOT / 'data'
+
+
+def run_tool(args, timeout=600, env=None, check=True, python=True):
+    """Run a repo tool as a user would (cwd = repo root); return the output."""
+    cmd = [sys.executable, *args] if python else list(args)
+    full_env = dict(os.environ, PYTHONUNBUFFERED='1',
+                    PYTHON=sys.executable, OMP_NUM_THREADS='2')
+    full_env.update(env or {})
+    proc = subprocess.run(cmd, cwd=ROOT, env=full_env, timeout=timeout,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+    if check and proc.returncode != 0:
+        pytest.fail(f'{" ".join(map(str, args))} exited {proc.returncode}:\n'
+                    f'{proc.stdout[-6000:]}')
+    return proc

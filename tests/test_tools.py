@@ -1,0 +1,78 @@
+"""End-to-end runs of tools/train.py, tools/test.py and dist_train.sh."""
+import re
+
+import pytest
+import torch
+from conftest import ROOT, run_tool
+
+# (config, cfg-options that keep the run to seconds, metric printed by test.py)
+FAMILIES = {
+    'mmpretrain': ('configs/clustr/clustr-t_embedded-imagenet.py',
+                   ['train_cfg.max_epochs=1', 'train_cfg.val_interval=1'],
+                   'accuracy/top1'),
+    'mmdet': ('configs/clustr/mask-rcnn_clustr-t_fpn_embedded-coco.py',
+              ['train_cfg.max_epochs=1', 'train_cfg.val_interval=1'],
+              'coco/segm_mAP'),
+    'mmseg': ('configs/clustr/fpn_clustr-t_embedded-ade20k.py',
+              ['train_cfg.max_iters=4', 'train_cfg.val_interval=4',
+               'default_hooks.checkpoint.interval=4'],
+              'mIoU'),
+    'mmpose': ('configs/clustr/td-hm_clustr-t_embedded-coco-wholebody.py',
+               ['train_cfg.max_epochs=1', 'train_cfg.val_interval=1'],
+               'coco-wholebody/AP'),
+}
+
+
+def _last_checkpoint(work_dir):
+    return (work_dir / 'last_checkpoint').read_text().strip()
+
+
+def _metrics(output):
+    line = [ln for ln in output.splitlines() if ln.startswith('[test] ')]
+    assert line, output[-3000:]
+    return dict(re.findall(r'([\w/.-]+)=([-\d.e]+)', line[-1].split(': ', 1)[1]))
+
+
+@pytest.mark.parametrize('library', sorted(FAMILIES))
+def test_train_then_test(library, tiny_data, tmp_path):
+    config, options, metric = FAMILIES[library]
+    work_dir = tmp_path / library
+    run_tool(['tools/train.py', config, '--work-dir', str(work_dir),
+              '--cfg-options', *options])
+    ckpt = _last_checkpoint(work_dir)
+    out = run_tool(['tools/test.py', config, ckpt, '--work-dir',
+                    str(work_dir)]).stdout
+    metrics = _metrics(out)
+    assert metric in metrics, metrics
+    assert 0.0 <= float(metrics[metric]) <= 100.0
+
+
+def test_resume_continues_from_checkpoint(tiny_data, tmp_path):
+    config = 'configs/clustr/clustr-t_embedded-imagenet.py'
+    base = ['--work-dir', str(tmp_path), '--cfg-options',
+            'train_cfg.val_interval=100', 'default_hooks.checkpoint.interval=1']
+    run_tool(['tools/train.py', config, *base, 'train_cfg.max_epochs=1'])
+    assert _last_checkpoint(tmp_path).endswith('epoch_1.pth')
+    out = run_tool(['tools/train.py', config, '--resume', *base,
+                    'train_cfg.max_epochs=2']).stdout
+    assert 'resumed epoch: 1' in out, out[-3000:]
+    assert _last_checkpoint(tmp_path).endswith('epoch_2.pth')
+    ckpt = torch.load(tmp_path / 'epoch_2.pth', map_location='cpu')
+    assert ckpt['meta']['epoch'] == 2
+    # Resuming from an explicit path works too, and a wrong one is refused.
+    out = run_tool(['tools/train.py', config, '--resume',
+                    str(tmp_path / 'epoch_1.pth'), *base,
+                    'train_cfg.max_epochs=2']).stdout
+    assert 'resumed epoch: 1' in out
+    bad = run_tool(['tools/train.py', config, '--resume',
+                    str(tmp_path / 'missing.pth'), *base], check=False)
+    assert bad.returncode != 0 and 'no checkpoint at' in bad.stdout
+
+
+def test_dist_train_two_cpu_processes(tiny_data, tmp_path):
+    config, options, _ = FAMILIES['mmseg']
+    out = run_tool(['bash', 'tools/dist_train.sh', config, '2',
+                    '--work-dir', str(tmp_path), '--cfg-options', *options],
+                   python=False, env={'PORT': '29533'}).stdout
+    assert re.search(r'world_size: 2|Distributed: True', out), out[-3000:]
+    assert _last_checkpoint(tmp_path).endswith('iter_4.pth')
