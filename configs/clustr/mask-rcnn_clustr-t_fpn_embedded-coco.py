@@ -4,7 +4,11 @@
 _base_ = './mask-rcnn_clustr-t_fpn_1x_coco.py'
 
 scale = (256, 256)
-model = dict(backbone=dict(drop_path_rate=0.0, init_cfg=None))
+model = dict(
+    backbone=dict(drop_path_rate=0.0, init_cfg=None),
+    # Keep low-score detections: early in training every score is low, and
+    # COCO evaluation of an empty result list reports nothing.
+    test_cfg=dict(rcnn=dict(score_thr=0.001)))
 train_pipeline = [
     dict(t, scale=scale) if t['type'] == 'Resize' else t
     for t in _base_.train_pipeline

@@ -1,0 +1,19 @@
+# Semantic FPN 80k on ADE20K with PaCa-ViT-S, same recipe as ClusTR's
+# (AdamW lr 1e-4, wd 1e-4, poly 0.9 to 0). Segmentation uses 200 clusters per
+# stage as the official code does; the ImageNet checkpoint's 100-cluster
+# layers are re-initialised (with a warning) by the Pretrained loader.
+_base_ = '../clustr/fpn_clustr-s_8xb2-80k_ade20k-512x512.py'
+
+imagenet_checkpoint = 'work_dirs/paca-s_8xb128_in1k/epoch_300.pth'
+model = dict(
+    backbone=dict(
+        _delete_=True,
+        type='PaCaViT',
+        arch='small',
+        clustering='conv',
+        num_clusters=(200, 200, 200, 0),
+        drop_path_rate=0.1,
+        init_cfg=dict(
+            type='Pretrained', checkpoint=imagenet_checkpoint,
+            prefix='backbone.')),
+    neck=dict(in_channels=[96, 192, 320, 384]))

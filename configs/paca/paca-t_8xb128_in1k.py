@@ -1,0 +1,2 @@
+_base_ = './paca-s_8xb128_in1k.py'
+model = dict(backbone=dict(arch='tiny'))
