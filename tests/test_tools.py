@@ -3,7 +3,9 @@ import re
 
 import pytest
 import torch
-from conftest import ROOT, run_tool
+from conftest import run_tool
+
+import clustr_mm  # noqa: F401  (allow-lists runner checkpoint types)
 
 # (config, cfg-options that keep the run to seconds, metric printed by test.py)
 FAMILIES = {

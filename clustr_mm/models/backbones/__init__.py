@@ -1,0 +1,4 @@
+from .clustr import ClusTR
+from .paca import PaCaViT
+
+__all__ = ['ClusTR', 'PaCaViT']

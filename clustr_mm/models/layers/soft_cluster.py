@@ -14,13 +14,19 @@ from torch import nn
 from .attention import multi_head_attention
 
 
+class PointwiseConv(nn.Linear):
+    """A 1x1 convolution applied to (B, N, C) tokens.
+
+    Same maths as ``nn.Conv2d(in, out, 1)`` without an NCHW round trip; its
+    weight is (out, in) instead of (out, in, 1, 1). A separate type so that
+    weight init can treat it as the convolution it stands for.
+    """
+
+
 class ConvClusterLogits(nn.Module):
     """Clustering logits from a local conv net (the paper's default).
 
     depthwise kxk conv -> GELU -> 1x1 conv -> GELU -> 1x1 conv to M (no bias).
-    The 1x1 convs are held as ``nn.Linear`` on the token layout: the same maths
-    without two NCHW round trips (weights are (out, in) instead of
-    (out, in, 1, 1); the converter reshapes official ones).
 
     Args:
         dim (int): Token channels C.
@@ -32,21 +38,21 @@ class ConvClusterLogits(nn.Module):
         super().__init__()
         self.dwconv = nn.Conv2d(
             dim, dim, kernel_size, padding=kernel_size // 2, groups=dim)
-        self.pwconv = nn.Linear(dim, dim)
-        self.to_clusters = nn.Linear(dim, num_clusters, bias=False)
+        self.pwconv = PointwiseConv(dim, dim)
+        self.to_clusters = PointwiseConv(dim, num_clusters, bias=False)
         self.act = nn.GELU()
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
         """(B, N, C) tokens of an (H, W) grid -> (B, N, M) logits."""
         b, n, c = x.shape
-        # A (B, N, C) tensor seen as (B, C, H, W) is a channels-last view: no copy.
-        grid = x.transpose(1, 2).reshape(b, c, hw[0], hw[1])
+        # channels-last view, no copy (see ConvFFN for why not transpose)
+        grid = x.reshape(b, hw[0], hw[1], c).permute(0, 3, 1, 2)
         h = self.act(self.dwconv(grid)).flatten(2).transpose(1, 2)
         return self.to_clusters(self.act(self.pwconv(h)))
 
 
 class MlpClusterLogits(nn.Module):
-    """Clustering logits from a per-token MLP: Linear C->rC, GELU, Linear rC->M.
+    """Clustering logits from a per-token MLP: Linear, GELU, Linear to M.
 
     Both linears carry a bias, as in the released checkpoints.
     """

@@ -1,38 +1,39 @@
-"""DPC-kNN token clustering (ClusTR's key/value reducer) and the weighted merge.
+"""DPC-kNN token clustering (ClusTR's key/value reducer) and weighted merge.
 
 The algorithm follows the official code (see ``shared/reference/clustr.md``)
 with three deliberate differences: ties are broken by token index instead of
 random noise (deterministic), it always runs in fp32 without gradient, and the
-N x N distance matrix is never held whole: it is produced in row chunks of at
-most ``max_chunk_elems`` elements, in two passes (density, then the distance
-to the nearest denser token).
+N x N distance matrix is never held whole. It is produced in row chunks of at
+most ``max_chunk_elems`` elements; one pass over the chunks yields each
+token's k nearest neighbours (density) and the largest distance. The distance
+to the nearest denser token is read off the neighbour list whenever a denser
+token is in it; only the rest (local density peaks, typically a small
+fraction) get a second, full row search.
 
 Clustering runs inside *windows* of the stage's token grid:
 
 * exact mode (``window_size=None``): one window = the whole grid, i.e. the
   official per-image DPC-kNN. Cost is quadratic in the number of tokens.
-* window mode (``window_size=s``): the grid is tiled from the top-left by
-  ``s x s`` windows (``min(s, H) x min(s, W)`` when the grid is smaller, so a
-  grid that fits in one window is clustered exactly as in exact mode). Windows
-  cut by the bottom/right border are padded; padded tokens are never centers,
-  never neighbours and never members. The cluster tokens of all windows are
-  concatenated (window-major), so keys/values stay global.
+* window mode (``window_size=s``): ``min(s, H) x min(s, W)`` windows tile the
+  grid from the top-left, so a grid that fits in one window is clustered
+  exactly as in exact mode. Windows in the last row/column are cut by the
+  border and are simply smaller: there is no padding, hence no padded token
+  can be a center, a neighbour or a member, and no work is spent on padding.
+  Windows of equal shape (at most four groups: full, right edge, bottom edge,
+  corner) are clustered in one batched call. The cluster tokens of all
+  windows are concatenated (row-major over windows), so keys/values stay
+  global.
 
-Cluster counts. A window holding ``n`` real tokens gets
-``m = max(1, n // sr_ratio**2)`` clusters for the coarse scale and
-``min(4 * m, n)`` for the fine one (``scale_factors=(1, 4)``). A full default
-window therefore gets the ImageNet counts of the stage, e.g. 49 and 196 at
-stride 4 with a 56 x 56 window; a partial window gets proportionally fewer.
+Cluster counts: a window of ``n`` tokens gets ``m = max(1, n // sr_ratio**2)``
+clusters for the coarse scale and ``min(4 * m, n)`` for the fine one
+(``scale_factors=(1, 4)``). A full default window thus gets the ImageNet
+counts of its stage (49 and 196 with 56 x 56 tokens at stride 4); a border
+window of e.g. 56 x 16 tokens at stride 4 gets 14 and 56.
 """
-from typing import List, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-
-# Added to the squared norm of padded columns so they are never among the
-# k nearest neighbours; finite so that no inf * 0 can arise inside the GEMM.
-_FAR = 1e30
 
 
 def _rows_aug(x: torch.Tensor) -> torch.Tensor:
@@ -41,206 +42,256 @@ def _rows_aug(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([x, sq, torch.ones_like(sq)], -1)
 
 
-def _cols_aug(x: torch.Tensor,
-              bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """[-2x, 1, |x|^2 + bias], transposed to (G, C + 2, M) for ``bmm``."""
+def _cols_aug(x: torch.Tensor) -> torch.Tensor:
+    """[-2x, 1, |x|^2], transposed to (G, C + 2, M) for ``bmm``."""
     sq = x.pow(2).sum(-1, keepdim=True)
-    if bias is not None:
-        sq = sq + bias[..., None]
     return torch.cat([-2 * x, torch.ones_like(sq), sq], -1).transpose(1, 2)
 
 
-def _assign_to_centers(x: torch.Tensor, centers: torch.Tensor,
-                       counts: torch.Tensor) -> torch.Tensor:
+def _k_smallest(d: torch.Tensor, k: int,
+                block: int = 64) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``d.topk(k, largest=False)`` along the last dim, with fewer comparisons.
+
+    Exact: every entry outside the k blocks with the smallest minima is >= k
+    entries inside them (one per block), so those blocks plus the ragged tail
+    hold a k-smallest set. Only ``k * block`` candidates per row reach topk.
+    """
+    m = d.shape[-1]
+    nb = m // block
+    if nb <= 2 * k:
+        return d.topk(k, dim=-1, largest=False)
+    main = d[..., :nb * block].unflatten(-1, (nb, block))
+    blk = main.amin(-1).topk(k, dim=-1, largest=False).indices
+    cand = main.gather(-2, blk[..., None].expand(*blk.shape, block))
+    cols = blk[..., None] * block + torch.arange(block, device=d.device)
+    cand, cols = cand.flatten(-2), cols.flatten(-2)
+    if nb * block < m:
+        tail = torch.arange(nb * block, m, device=d.device)
+        cand = torch.cat([cand, d[..., nb * block:]], -1)
+        cols = torch.cat([cols, tail.expand(*cols.shape[:-1], -1)], -1)
+    values, pos = cand.topk(k, dim=-1, largest=False)
+    return values, cols.gather(-1, pos)
+
+
+def _assign_to_centers(rows: torch.Tensor, x: torch.Tensor,
+                       centers: torch.Tensor, counts: Sequence[int],
+                       max_chunk_elems: int) -> torch.Tensor:
     """Nearest-center index per token for every scale; centers join themselves.
 
     Args:
-        x: (G, n, C) window tokens.
+        rows: (G, n, C + 2) ``_rows_aug(x)``; x: (G, n, C) window tokens.
         centers: (G, K) token indices, best score first.
-        counts: (S, G) number of clusters per scale and window (<= K); scale s
-            uses the first ``counts[s, g]`` centers (scales are nested).
+        counts: Clusters per scale (<= K); scale s uses the first
+            ``counts[s]`` centers, so the scales are nested.
+        max_chunk_elems: Bound on one (G, rows, K) distance chunk.
 
     Returns:
-        (S, G, n) cluster index in ``[0, counts[s, g])``.
+        (S, G, n) cluster index in ``[0, counts[s])``.
     """
-    g, _, c = x.shape
-    xc = x.gather(1, centers[..., None].expand(-1, -1, c))
-    dist = torch.bmm(_rows_aug(x), _cols_aug(xc))  # (G, n, K)
-    rank = torch.arange(centers.shape[1], device=x.device)
-    out = []
-    for cnt in counts:
-        kmax = int(cnt.max())
-        d = dist[..., :kmax]
-        if bool((cnt < kmax).any()):
-            d = d.masked_fill(rank[:kmax] >= cnt[:, None, None], float('inf'))
-        idx = d.argmin(-1)  # first minimum: the better-scored center wins ties
-        own = rank[None, :kmax] < cnt[:, None]
-        ctr = centers[:, :kmax]
-        idx.scatter_(1, ctr, torch.where(own, rank[:kmax].expand(g, -1),
-                                         idx.gather(1, ctr)))
-        out.append(idx)
-    return torch.stack(out)
+    g, n, c = x.shape
+    num = centers.shape[1]
+    cols = _cols_aug(x.gather(1, centers[..., None].expand(-1, -1, c)))
+    out = torch.empty(len(counts), g, n, dtype=torch.long, device=x.device)
+    step = max(1, max_chunk_elems // (g * num))
+    for r0 in range(0, n, step):
+        dist = torch.bmm(rows[:, r0:r0 + step], cols)  # (G, rows, K)
+        for s, cnt in enumerate(counts):
+            # argmin returns the first minimum: the better center wins ties.
+            out[s, :, r0:r0 + step] = dist[..., :cnt].argmin(-1)
+    for s, cnt in enumerate(counts):
+        out[s].scatter_(1, centers[:, :cnt],
+                        torch.arange(cnt, device=x.device).expand(g, -1))
+    return out
 
 
-def _dpc_knn_group(x: torch.Tensor, valid: Optional[torch.Tensor],
-                   counts: torch.Tensor, k: int,
-                   chunk_rows: int) -> torch.Tensor:
-    """DPC-kNN on a group of equally shaped windows (fp32, no grad).
+def _dpc_knn_group(x: torch.Tensor, counts: Sequence[int], k: int,
+                   max_chunk_elems: int) -> torch.Tensor:
+    """DPC-kNN on G windows of n tokens each (fp32, no grad).
 
     Args:
-        x: (G, n, C) tokens; ``valid`` (G, n) bool marks real tokens (None:
-            all real). Token 0 of every window must be real.
-        counts: (S, G) clusters per scale and window.
-        k: neighbours for the density (the token itself included).
-        chunk_rows: rows of the distance matrix computed at once.
+        x: (G, n, C) tokens.
+        counts: Clusters per scale.
+        k: Neighbours for the density (the token itself included).
+        max_chunk_elems: Bound on the elements of one distance chunk.
 
     Returns:
         (S, G, n) cluster index of every token, per scale.
     """
     g, n, c = x.shape
     k_eff = min(k, n)
+    step = max(1, max_chunk_elems // (g * n))
+    rows, cols = _rows_aug(x), _cols_aug(x)
 
-    # Pass 1: density rho = exp(-mean of the k smallest squared distances / C).
-    rows = _rows_aug(x)
-    cols = _cols_aug(x, None if valid is None else (~valid).float() * _FAR)
-    knn = x.new_empty(g, n, k_eff)
-    for r0 in range(0, n, chunk_rows):
-        d = torch.bmm(rows[:, r0:r0 + chunk_rows], cols)
-        d.diagonal(offset=r0, dim1=1, dim2=2).zero_()
-        knn[:, r0:r0 + chunk_rows] = d.topk(
-            k_eff, dim=-1, largest=False).values
-    knn.clamp_(min=0)
-    if valid is None:
-        mean = knn.mean(-1)
-        rho = torch.exp(-mean / c)
-    else:
-        # A window with fewer than k real tokens averages over all of them.
-        kk = valid.sum(-1).clamp(max=k_eff)
-        use = torch.arange(k_eff, device=x.device) < kk[:, None, None]
-        mean = torch.where(use, knn, 0).sum(-1) / kk[:, None]
-        rho = torch.exp(-mean / c).masked_fill(~valid, -1.0)  # padded last
-
-    # Pass 2, in density order (ties: lower index is denser): the tokens
-    # denser than row p are the columns q < p, so only the lower triangle is
-    # computed. Padded tokens are copies of token 0, which keeps the maximum
-    # pairwise distance (the densest token's delta) that of the real tokens.
-    order = torch.sort(rho, dim=1, descending=True, stable=True).indices
-    xs = x if valid is None else torch.where(valid[..., None], x, x[:, :1])
-    xs = xs.gather(1, order[..., None].expand(-1, -1, c))
-    rows, cols = _rows_aug(xs), _cols_aug(xs)
-    delta2 = x.new_empty(g, n)
+    # Pass over row chunks: largest distance, k nearest (self included).
+    knn_d = x.new_empty(g, n, k_eff)
+    knn_i = torch.empty(g, n, k_eff, dtype=torch.long, device=x.device)
     dmax2 = x.new_zeros(g)
-    for r0 in range(0, n, chunk_rows):
-        r1 = min(n, r0 + chunk_rows)
-        d = torch.bmm(rows[:, r0:r1], cols[..., :r1])
+    for r0 in range(0, n, step):
+        d = torch.bmm(rows[:, r0:r0 + step], cols)
         dmax2 = torch.maximum(dmax2, d.amax((1, 2)))
-        upper = torch.ones(r1 - r0, r1, dtype=torch.bool,
-                           device=x.device).triu_(r0)
-        delta2[:, r0:r1] = d.masked_fill_(upper, float('inf')).amin(-1)
-    delta2[:, 0] = dmax2
-    delta = (delta2.clamp(min=0) / c).sqrt()
-    score = torch.empty_like(rho).scatter_(1, order, rho.gather(1, order) *
-                                           delta)
-    if valid is not None:
-        score = score.masked_fill(~valid, -1.0)
+        d.diagonal(offset=r0, dim1=1, dim2=2).zero_()
+        knn_d[:, r0:r0 + step], knn_i[:, r0:r0 + step] = _k_smallest(
+            d, k_eff)
+    rho = torch.exp(-knn_d.clamp_(min=0).mean(-1) / c)
+
+    # Density rank, ties to the lower index; "denser" means lower rank.
+    order = torch.sort(rho, dim=1, descending=True, stable=True).indices
+    rank = torch.empty_like(order).scatter_(
+        1, order, torch.arange(n, device=x.device).expand(g, -1))
+
+    # The neighbour lists are sorted by distance, so the first denser token
+    # in a list is the nearest denser token overall.
+    nbr_rank = rank.gather(1, knn_i.flatten(1)).view(g, n, k_eff)
+    denser = nbr_rank < rank[..., None]
+    first = torch.where(denser, torch.arange(k_eff, device=x.device),
+                        k_eff).amin(-1)
+    delta2 = knn_d.gather(-1, first.clamp(max=k_eff - 1)[..., None])[..., 0]
+    # Tokens without a denser neighbour (but the densest): full row search.
+    need = (first == k_eff) & (rank > 0)
+    n_need = int(need.sum(-1).max())
+    if n_need:
+        sel = torch.sort(need.byte(), dim=1, descending=True,
+                         stable=True).indices[:, :n_need]
+        rows_sel = rows.gather(1, sel[..., None].expand(-1, -1, c + 2))
+        rank_sel = rank.gather(1, sel)
+        best = x.new_empty(g, n_need)
+        for r0 in range(0, n_need, step):
+            d = torch.bmm(rows_sel[:, r0:r0 + step], cols)
+            not_denser = rank[:, None, :] >= rank_sel[:, r0:r0 + step, None]
+            best[:, r0:r0 + step] = d.masked_fill_(not_denser,
+                                                   float('inf')).amin(-1)
+        delta2.scatter_(1, sel, torch.where(need.gather(1, sel), best,
+                                            delta2.gather(1, sel)))
+    # The densest token's delta is the largest distance in the window.
+    delta2 = torch.where(rank == 0, dmax2[:, None], delta2)
+    score = rho * (delta2.clamp(min=0) / c).sqrt()
 
     centers = torch.sort(score, dim=1, descending=True,
-                         stable=True).indices[:, :int(counts.max())]
-    return _assign_to_centers(x, centers, counts)
+                         stable=True).indices[:, :max(counts)]
+    return _assign_to_centers(rows, x, centers, counts, max_chunk_elems)
+
+
+class Band(NamedTuple):
+    """A run of ``count`` equal windows of ``size`` tokens along one axis."""
+    index: int  # index of the band's first window along the axis
+    start: int  # token offset of the band
+    count: int
+    size: int
+
+
+def _bands(length: int, size: int) -> List[Band]:
+    full, rest = divmod(length, size)
+    bands = [Band(0, 0, full, size)]
+    if rest:
+        bands.append(Band(full, full * size, 1, rest))
+    return bands
 
 
 class WindowLayout:
-    """How a stage's (H, W) token grid is tiled by clustering windows.
+    """How a stage's token grid is tiled by clustering windows.
 
     Args:
         hw: (H, W) of the token grid.
         window_size: Window side in tokens; None covers the grid with one.
         sr_ratio: Reduction ratio r of the stage (coarse count n // r^2).
         scale_factors: Cluster count multipliers of the scales.
-        device: Device of the index tensors.
+        device: Device of ``offsets``.
+
+    Attributes:
+        groups: ``(row_band, col_band, counts)`` per group of equal windows.
+        offsets: (S, nH, nW) id of each window's first cluster, per scale.
+        totals: Number of clusters per scale.
+        identity: Per scale, whether every token is its own cluster.
     """
 
     def __init__(self, hw: Tuple[int, int], window_size: Optional[int],
-                 sr_ratio: int, scale_factors: Sequence[int],
-                 device: torch.device):
-        self.h, self.w = hw
-        ws = window_size or max(hw)
-        self.wh, self.ww = min(ws, self.h), min(ws, self.w)
-        self.nh, self.nw = -(-self.h // self.wh), -(-self.w // self.ww)
-        self.padded = (self.nh * self.wh, self.nw * self.ww) != (self.h,
-                                                                   self.w)
-        grid = torch.zeros(self.nh * self.wh, self.nw * self.ww,
-                           dtype=torch.bool, device=device)
-        grid[:self.h, :self.w] = True
-        self.valid = self.partition(grid[None, ..., None])[..., 0]  # (nW, n)
-        n_real = self.valid.sum(-1)
-        base = (n_real // sr_ratio**2).clamp(min=1)
-        self.counts = torch.stack(
-            [torch.minimum(f * base, n_real) for f in scale_factors])
-        # A scale keeps every token as its own cluster (identity).
-        self.identity = [bool((cnt == n_real).all()) for cnt in self.counts]
-        self.totals = [int(cnt.sum()) for cnt in self.counts]
+                 sr_ratio: int, scale_factors: Sequence[int] = (1, 4),
+                 device: Optional[torch.device] = None):
+        self.hw = (h, w) = tuple(hw)
+        size = window_size or max(h, w)
+        rows, cols = _bands(h, min(size, h)), _bands(w, min(size, w))
+        table = torch.zeros(len(scale_factors), rows[-1].index + 1,
+                            cols[-1].index + 1, dtype=torch.long)
+        self.groups = []
+        self.identity = [True] * len(scale_factors)
+        for rb in rows:
+            for cb in cols:
+                n = rb.size * cb.size
+                base = max(1, n // sr_ratio**2)
+                counts = [min(f * base, n) for f in scale_factors]
+                self.groups.append((rb, cb, counts))
+                for s, cnt in enumerate(counts):
+                    table[s, rb.index:rb.index + rb.count,
+                          cb.index:cb.index + cb.count] = cnt
+                    self.identity[s] &= cnt == n
+        flat = table.flatten(1)
+        self.totals = flat.sum(1).tolist()
+        self.offsets = (flat.cumsum(1) - flat).view_as(table).to(device)
 
-    @property
-    def num_windows(self) -> int:
-        return self.nh * self.nw
 
-    def partition(self, t: torch.Tensor) -> torch.Tensor:
-        """(B, H, W, C) (unpadded or padded) -> (B * nW, wh * ww, C)."""
-        b, h, w, c = t.shape
-        t = F.pad(t, (0, 0, 0, self.nw * self.ww - w, 0,
-                      self.nh * self.wh - h))
-        t = t.reshape(b, self.nh, self.wh, self.nw, self.ww, c)
-        return t.permute(0, 1, 3, 2, 4, 5).reshape(-1, self.wh * self.ww, c)
-
-    def unpartition(self, t: torch.Tensor) -> torch.Tensor:
-        """(B * nW, wh * ww) -> (B, H * W), dropping padding."""
-        t = t.reshape(-1, self.nh, self.nw, self.wh, self.ww)
-        t = t.permute(0, 1, 3, 2, 4).reshape(-1, self.nh * self.wh,
-                                             self.nw * self.ww)
-        return t[:, :self.h, :self.w].reshape(t.shape[0], -1)
+def default_chunk_elems(device: torch.device) -> int:
+    """2**20 on CPU (4 MB chunks stay in cache: fastest there), 2**26 on
+    accelerators (fewer, larger kernels)."""
+    return 1 << 20 if device.type == 'cpu' else 1 << 26
 
 
 @torch.no_grad()
 def dpc_knn_assign(x: torch.Tensor, layout: WindowLayout, k: int = 5,
-                   max_chunk_elems: int = 1 << 24) -> List[torch.Tensor]:
-    """Cluster ids of every token per scale, numbered window-major.
+                   max_chunk_elems: Optional[int] = None
+                   ) -> List[torch.Tensor]:
+    """Cluster id of every token per scale (fp32, no grad, no autocast).
 
     Args:
         x: (B, N, C) tokens of the grid described by ``layout``.
         layout: Windows and cluster counts (:class:`WindowLayout`).
         k: Neighbours of the kNN density (the token itself included).
-        max_chunk_elems: Bound on the elements of one distance chunk.
+        max_chunk_elems: Bound on the elements of one distance chunk; None
+            picks :func:`default_chunk_elems` for the device.
 
     Returns:
-        Per scale, (B, N) long ids in ``[0, layout.totals[s])``. Identity
-        scales get ``arange(N)``.
+        Per scale, (B, N) long ids in ``[0, layout.totals[s])``, numbered
+        window by window (row-major), by center score inside a window.
+        Identity scales get ``arange(N)``.
     """
     b, n_tok, c = x.shape
-    device = x.device
-    identity = torch.arange(n_tok, device=device).expand(b, -1)
+    (h, w), device = layout.hw, x.device
+    max_chunk_elems = max_chunk_elems or default_chunk_elems(device)
     todo = [s for s, ident in enumerate(layout.identity) if not ident]
-    ids = [identity] * len(layout.identity)
+    ids = [torch.arange(n_tok, device=device).expand(b, -1)] * len(
+        layout.identity)
     if not todo:
         return ids
     with torch.autocast(device.type, enabled=False):
-        xw = layout.partition(x.float().reshape(b, layout.h, layout.w, c))
-        nwin, n = layout.num_windows, xw.shape[1]
-        valid = layout.valid.repeat(b, 1) if layout.padded else None
-        counts = layout.counts[todo].repeat(1, b)  # (S, B * nW)
-        chunk_rows = max(1, min(n, max_chunk_elems // n))
-        group = max(1, max_chunk_elems // (chunk_rows * n))
-        parts = [
-            _dpc_knn_group(xw[g0:g0 + group],
-                           None if valid is None else valid[g0:g0 + group],
-                           counts[:, g0:g0 + group], k, chunk_rows)
-            for g0 in range(0, xw.shape[0], group)
-        ]
-        local = torch.cat(parts, dim=1)  # (S, B * nW, n)
-        for s, loc in zip(todo, local):
-            offsets = layout.counts[s].cumsum(0) - layout.counts[s]
-            glob = loc.reshape(b, nwin, n) + offsets[:, None]
-            ids[s] = layout.unpartition(glob.reshape(b * nwin, n))
+        grid = x.float().reshape(b, h, w, c)
+        out = torch.empty(len(todo), b, h, w, dtype=torch.long, device=device)
+        for rb, cb, counts in layout.groups:
+            counts = [counts[s] for s in todo]
+            rs = slice(rb.start, rb.start + rb.count * rb.size)
+            cs = slice(cb.start, cb.start + cb.count * cb.size)
+            n = rb.size * cb.size
+            win = grid[:, rs, cs].reshape(b, rb.count, rb.size, cb.count,
+                                          cb.size, c)
+            win = win.permute(0, 1, 3, 2, 4, 5).reshape(-1, n, c)
+            if all(cnt == n for cnt in counts):
+                local = torch.arange(n, device=device).expand(
+                    len(todo), win.shape[0], -1)
+            else:
+                # Whole windows per call if they fit the chunk budget.
+                per_call = max(1, max_chunk_elems // (n * n))
+                local = torch.cat([
+                    _dpc_knn_group(win[i:i + per_call], counts, k,
+                                   max_chunk_elems)
+                    for i in range(0, win.shape[0], per_call)
+                ], dim=1)
+            local = local.view(len(todo), b, rb.count, cb.count, rb.size,
+                               cb.size)
+            offsets = layout.offsets[todo][:, rb.index:rb.index + rb.count,
+                                           cb.index:cb.index + cb.count]
+            local = local + offsets[:, None, :, :, None, None]
+            out[:, :, rs, cs] = local.permute(0, 1, 2, 4, 3, 5).reshape(
+                len(todo), b, rb.count * rb.size, cb.count * cb.size)
+    for i, s in enumerate(todo):
+        ids[s] = out[i].view(b, n_tok)
     return ids
 
 
@@ -270,7 +321,12 @@ class DPCKNNClustering(nn.Module):
     Has no parameters. Set ``record_assignments = True`` to keep the last
     forward's ids in ``self.assignments`` (a list of (B, N) long tensors, one
     per scale, numbered like the returned cluster tokens), for tests and
-    visualisation; the default path stores nothing.
+    visualisation; by default nothing is stored.
+
+    A scale whose count equals the number of tokens (e.g. the fine scale of
+    stage 3 at 224x224) skips clustering; its cluster tokens are the tokens
+    scaled by ``w / (w + 1e-6)``, which is what the merge gives for
+    singleton clusters.
 
     Args:
         sr_ratio (int): Reduction ratio; coarse count = n // sr_ratio**2.
@@ -279,13 +335,14 @@ class DPCKNNClustering(nn.Module):
         k (int): Neighbours of the kNN density. Default 5.
         window_size (int, optional): Clustering window side in tokens; None is
             exact mode (one window per image). Default None.
-        max_chunk_elems (int): Largest distance chunk, in elements. Default
-            2**24 (64 MB in fp32).
+        max_chunk_elems (int, optional): Largest distance chunk, in elements;
+            bounds the clustering's memory. Default None:
+            :func:`default_chunk_elems` of the input's device.
     """
 
     def __init__(self, sr_ratio: int, scale_factors: Sequence[int] = (1, 4),
                  k: int = 5, window_size: Optional[int] = None,
-                 max_chunk_elems: int = 1 << 24):
+                 max_chunk_elems: Optional[int] = None):
         super().__init__()
         if window_size is not None and window_size < 1:
             raise ValueError(f'window_size must be >= 1, got {window_size}')
@@ -300,16 +357,17 @@ class DPCKNNClustering(nn.Module):
 
     def layout(self, hw: Tuple[int, int],
                device: torch.device) -> WindowLayout:
-        return WindowLayout(hw, self.window_size, self.sr_ratio,
-                            self.scale_factors, device)
+        key = (tuple(hw), device)
+        if self._layout is None or self._layout[0] != key:
+            self._layout = (key,
+                            WindowLayout(hw, self.window_size, self.sr_ratio,
+                                         self.scale_factors, device))
+        return self._layout[1]
 
     def forward(self, x: torch.Tensor, w: torch.Tensor,
                 hw: Tuple[int, int]) -> List[torch.Tensor]:
         """x: (B, N, C) tokens, w: (B, N, 1) weights -> per-scale (B, M, C)."""
-        key = (tuple(hw), x.device)
-        if self._layout is None or self._layout[0] != key:
-            self._layout = (key, self.layout(hw, x.device))
-        layout = self._layout[1]
+        layout = self.layout(hw, x.device)
         ids = dpc_knn_assign(x.detach(), layout, self.k, self.max_chunk_elems)
         if self.record_assignments:
             self.assignments = ids

@@ -1,0 +1,256 @@
+"""ClusTR backbone ("ClusTR: Exploring efficient self-attention via
+clustering for vision transformers"): a four-stage pyramid whose attention
+takes its keys/values from DPC-kNN cluster tokens.
+"""
+import math
+from typing import Dict, Optional, Sequence, Tuple, Union
+
+import torch
+from mmengine.model import BaseModule
+from mmengine.model.weight_init import update_init_info
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from ...registry import register_model
+from ..layers import (ClusterAttention, ConvFFN, DropPath,
+                      OverlapPatchEmbed)
+
+
+class ClusTRBlock(nn.Module):
+    """Pre-norm block: x + DropPath(Attn(LN(x))), x + DropPath(MLP(LN(x)))."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float,
+                 sr_ratio: int, drop_path: float = 0.0,
+                 window_size: Optional[int] = None,
+                 max_chunk_elems: Optional[int] = None):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = ClusterAttention(
+            dim, num_heads, sr_ratio, window_size=window_size,
+            max_chunk_elems=max_chunk_elems)
+        self.drop_path = DropPath(drop_path)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = ConvFFN(dim, int(dim * mlp_ratio))
+
+    def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+        x = x + self.drop_path(self.attn(self.norm1(x), hw))
+        return x + self.drop_path(self.mlp(self.norm2(x), hw))
+
+
+@register_model
+class ClusTR(BaseModule):
+    """ClusTR vision backbone; returns NCHW maps at strides 4, 8, 16, 32.
+
+    Stage i: overlapping patch embedding (7x7/4, then 3x3/2; LayerNorm eps
+    1e-5), ``depths[i]`` blocks with clustering attention (full attention
+    where ``sr_ratio`` is 1), then a LayerNorm (eps 1e-6).
+
+    Args:
+        arch (str | dict): 'tiny', 'small', 'base' or a dict with keys
+            ``embed_dims``, ``depths``, ``num_heads``, ``mlp_ratios`` (one
+            entry per stage) and optionally ``sr_ratios`` (default 8, 4, 2, 1).
+        in_channels (int): Input image channels. Default 3.
+        out_indices (Sequence[int]): Stages whose maps are returned.
+        clustering_mode (str): 'exact' clusters all tokens of an image
+            together (the official algorithm; quadratic in tokens, for
+            ImageNet-sized inputs). 'window' clusters within windows of
+            ``window_size`` tokens and keeps keys/values global (dense
+            prediction at any resolution). Both agree whenever one window
+            covers a stage's grid, e.g. at 224x224 input.
+        window_size (int | Sequence[int]): Window side in tokens, for
+            'window' mode. An int is the stage-1 size, halved per stage (56
+            gives 56, 28, 14: the grids of a 224x224 image); a sequence gives
+            one size per stage. Default 56.
+        drop_path_rate (float): Stochastic depth rate, linearly increasing
+            over blocks. Default 0.
+        frozen_stages (int): Stages 0..frozen_stages are frozen (eval mode, no
+            gradient); -1 freezes nothing. Default -1.
+        norm_eval (bool): Keep norm layers in eval mode while training. ClusTR
+            only has LayerNorms, whose output does not depend on the mode; the
+            option exists for configs shared with BatchNorm backbones.
+        max_chunk_elems (int, optional): Largest distance-matrix chunk of the
+            clustering, in elements; bounds its memory. Default None: 2**20
+            on CPU (cache-sized, fastest), 2**26 on accelerators.
+        init_cfg (dict | list[dict], optional): MMEngine init config, e.g.
+            ``dict(type='Pretrained', checkpoint=..., prefix='backbone.')``.
+            Without one, the official initialisation is used.
+    """
+
+    arch_zoo: Dict[str, dict] = {
+        'tiny': dict(embed_dims=(64, 128, 256, 512), depths=(1, 2, 6, 1),
+                     num_heads=(1, 2, 4, 8), mlp_ratios=(8, 8, 4, 4)),
+        'small': dict(embed_dims=(64, 128, 256, 512), depths=(3, 5, 13, 2),
+                      num_heads=(1, 2, 4, 8), mlp_ratios=(8, 8, 4, 4)),
+        'base': dict(embed_dims=(64, 128, 320, 512), depths=(3, 5, 18, 3),
+                     num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4)),
+    }
+    essential_keys = ('embed_dims', 'depths', 'num_heads', 'mlp_ratios')
+    default_sr_ratios = (8, 4, 2, 1)
+    clustering_modes = ('exact', 'window')
+
+    def __init__(self,
+                 arch: Union[str, dict] = 'tiny',
+                 in_channels: int = 3,
+                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 clustering_mode: str = 'exact',
+                 window_size: Union[int, Sequence[int]] = 56,
+                 drop_path_rate: float = 0.0,
+                 frozen_stages: int = -1,
+                 norm_eval: bool = False,
+                 max_chunk_elems: Optional[int] = None,
+                 init_cfg: Optional[Union[dict, list]] = None):
+        super().__init__(init_cfg=init_cfg)
+        settings = self._parse_arch(arch)
+        self.embed_dims = list(settings['embed_dims'])
+        self.depths = list(settings['depths'])
+        self.num_heads = list(settings['num_heads'])
+        self.mlp_ratios = list(settings['mlp_ratios'])
+        self.sr_ratios = list(settings['sr_ratios'])
+        self.num_stages = len(self.depths)
+        self.in_channels = in_channels
+
+        if clustering_mode not in self.clustering_modes:
+            raise ValueError(
+                f'clustering_mode must be one of {self.clustering_modes}, '
+                f'got {clustering_mode!r}')
+        self.clustering_mode = clustering_mode
+        self.window_sizes = self._parse_window_size(window_size)
+        self.out_indices = self._parse_out_indices(out_indices)
+        if not -1 <= frozen_stages < self.num_stages:
+            raise ValueError(f'frozen_stages must be in [-1, '
+                             f'{self.num_stages}), got {frozen_stages}')
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        if drop_path_rate < 0:
+            raise ValueError(
+                f'drop_path_rate must be >= 0, got {drop_path_rate}')
+
+        total = sum(self.depths)
+        dpr = [drop_path_rate * i / max(total - 1, 1) for i in range(total)]
+        self.patch_embeds = nn.ModuleList()
+        self.stages = nn.ModuleList()
+        self.norms = nn.ModuleList()
+        cin, cur = in_channels, 0
+        for i, (dim, depth) in enumerate(zip(self.embed_dims, self.depths)):
+            first = i == 0
+            self.patch_embeds.append(
+                OverlapPatchEmbed(cin, dim, kernel_size=7 if first else 3,
+                                  stride=4 if first else 2))
+            window = (self.window_sizes[i]
+                      if clustering_mode == 'window' else None)
+            self.stages.append(nn.ModuleList([
+                ClusTRBlock(dim, self.num_heads[i], self.mlp_ratios[i],
+                            self.sr_ratios[i], dpr[cur + j], window,
+                            max_chunk_elems) for j in range(depth)
+            ]))
+            self.norms.append(nn.LayerNorm(dim, eps=1e-6))
+            cin, cur = dim, cur + depth
+        self._freeze_stages()
+
+    def _parse_arch(self, arch: Union[str, dict]) -> dict:
+        if isinstance(arch, str):
+            if arch not in self.arch_zoo:
+                raise ValueError(f'arch must be one of {set(self.arch_zoo)} '
+                                 f'or a dict, got {arch!r}')
+            settings = dict(self.arch_zoo[arch])
+        elif isinstance(arch, dict):
+            missing = [k for k in self.essential_keys if k not in arch]
+            if missing:
+                raise ValueError(f'arch dict is missing keys {missing}; it '
+                                 f'needs {list(self.essential_keys)}')
+            settings = dict(arch)
+        else:
+            raise ValueError(f'arch must be a str or dict, got {type(arch)}')
+        settings.setdefault('sr_ratios', self.default_sr_ratios)
+        n = len(settings['depths'])
+        for key in self.essential_keys + ('sr_ratios', ):
+            if len(settings[key]) != n:
+                raise ValueError(f'arch {key!r} has {len(settings[key])} '
+                                 f'entries but depths has {n}')
+        for i, (dim, heads) in enumerate(
+                zip(settings['embed_dims'], settings['num_heads'])):
+            if dim % heads:
+                raise ValueError(f'arch embed_dims[{i}]={dim} is not '
+                                 f'divisible by num_heads[{i}]={heads}')
+        return settings
+
+    def _parse_window_size(self, window_size) -> list:
+        if isinstance(window_size, int):
+            sizes = [max(1, window_size >> i) for i in range(self.num_stages)]
+        else:
+            sizes = list(window_size)
+            if len(sizes) != self.num_stages:
+                raise ValueError(f'window_size needs {self.num_stages} '
+                                 f'entries, got {window_size}')
+        if any(not isinstance(s, int) or s < 1 for s in sizes):
+            raise ValueError(f'window_size must be positive ints, got '
+                             f'{window_size}')
+        return sizes
+
+    def _parse_out_indices(self, out_indices) -> Tuple[int, ...]:
+        if isinstance(out_indices, int):
+            out_indices = [out_indices]
+        parsed = []
+        for idx in out_indices:
+            if not -self.num_stages <= idx < self.num_stages:
+                raise ValueError(f'out_indices entry {idx} is out of range '
+                                 f'for {self.num_stages} stages')
+            parsed.append(idx % self.num_stages)
+        return tuple(parsed)
+
+    def _freeze_stages(self):
+        for i in range(self.frozen_stages + 1):
+            for module in (self.patch_embeds[i], self.stages[i],
+                           self.norms[i]):
+                module.eval()
+                for param in module.parameters():
+                    param.requires_grad = False
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self._freeze_stages()
+        if mode and self.norm_eval:
+            for m in self.modules():
+                if isinstance(m, (_BatchNorm, nn.LayerNorm, nn.GroupNorm)):
+                    m.eval()
+        return self
+
+    @staticmethod
+    def _official_init(m: nn.Module):
+        if isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Conv2d):
+            fan_out = m.kernel_size[0] * m.kernel_size[1] * m.out_channels
+            nn.init.normal_(m.weight, 0, math.sqrt(2.0 * m.groups / fan_out))
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+    def init_weights(self):
+        """Official init first; then ``init_cfg`` (MMEngine applies a
+        ``Pretrained`` entry last, so loaded weights are never overwritten)."""
+        if not self.is_init:
+            self.apply(self._official_init)
+            if hasattr(self, '_params_init_info'):  # set by a parent model
+                update_init_info(self, 'official ClusTR init (init_weights)')
+        super().init_weights()
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(
+                f'ClusTR expects input of shape (B, {self.in_channels}, H, '
+                f'W), got {tuple(x.shape)}')
+        outs = []
+        for i in range(self.num_stages):
+            tokens, hw = self.patch_embeds[i](x)
+            for block in self.stages[i]:
+                tokens = block(tokens, hw)
+            x = self.norms[i](tokens).transpose(1, 2).reshape(
+                tokens.shape[0], -1, *hw)
+            if i in self.out_indices:
+                outs.append(x)
+        return tuple(outs)

@@ -1,0 +1,122 @@
+"""Loading pretrained backbone weights, tolerant of a changed cluster count.
+
+Fine-tuning PaCa-ViT for segmentation uses 200 clusters per stage where the
+ImageNet checkpoint has 100, so the layers that emit cluster logits change
+shape. Those layers are re-initialised and named in a warning; everything else
+must load, and a checkpoint that fills nothing is an error (the official code
+silently trained from scratch on a wrong path or prefix).
+"""
+import os
+import warnings
+from typing import Callable, Dict, Optional
+
+import torch
+from torch import nn
+
+StateDict = Dict[str, torch.Tensor]
+
+
+def read_checkpoint(filename: str, map_location: str = 'cpu') -> StateDict:
+    """Read a weights file (local path or URL) without unpickling objects.
+
+    Accepts a raw state dict or one wrapped under ``state_dict`` or ``model``
+    (mmengine / timm layouts) and strips a DataParallel ``module.`` prefix.
+    """
+    if filename.startswith(('http://', 'https://')):
+        ckpt = torch.hub.load_state_dict_from_url(
+            filename, map_location=map_location, weights_only=True)
+    elif os.path.isfile(filename):
+        ckpt = torch.load(
+            filename, map_location=map_location, weights_only=True)
+    else:
+        raise FileNotFoundError(f'checkpoint file not found: {filename}')
+    if not isinstance(ckpt, dict):
+        raise TypeError(f'{filename} holds a {type(ckpt).__name__}, '
+                        'expected a state dict')
+    for wrapper in ('state_dict', 'model'):
+        if isinstance(ckpt.get(wrapper), dict):
+            ckpt = ckpt[wrapper]
+            break
+    if ckpt and all(k.startswith('module.') for k in ckpt):
+        ckpt = {k[len('module.'):]: v for k, v in ckpt.items()}
+    return ckpt
+
+
+def _default_reinit(module: nn.Module) -> None:
+    module.reset_parameters()
+
+
+def load_backbone_state(model: nn.Module,
+                        state_dict: StateDict,
+                        prefix: Optional[str] = None,
+                        reinit: Optional[Callable[[nn.Module], None]] = None
+                        ) -> Dict[str, list]:
+    """Load ``state_dict`` into ``model``, re-initialising shape mismatches.
+
+    Args:
+        model: The module to fill.
+        state_dict: Weights, e.g. from :func:`read_checkpoint`.
+        prefix: Only keys starting with it are used, with it removed (e.g.
+            ``'backbone.'`` for a whole detector / classifier checkpoint).
+        reinit: Called on every module owning a shape-mismatched tensor
+            (e.g. a clustering layer with a different number of clusters);
+            defaults to the module's ``reset_parameters()``.
+
+    Returns:
+        dict with the ``loaded``, ``reinitialized``, ``missing`` and
+        ``unexpected`` key lists. Everything but ``loaded`` is also reported
+        in one ``UserWarning``.
+
+    Raises:
+        RuntimeError: if no key of the checkpoint fits the model.
+    """
+    if prefix:
+        selected = {k[len(prefix):]: v for k, v in state_dict.items()
+                    if k.startswith(prefix)}
+        if not selected:
+            raise RuntimeError(
+                f'no checkpoint key starts with prefix {prefix!r}; first '
+                f'keys: {list(state_dict)[:5]}')
+        state_dict = selected
+    own = model.state_dict()
+    loadable, mismatched = {}, {}
+    for key, value in state_dict.items():
+        if key not in own:
+            continue
+        if own[key].shape == value.shape:
+            loadable[key] = value
+        else:
+            mismatched[key] = (tuple(value.shape), tuple(own[key].shape))
+    if not loadable:
+        raise RuntimeError(
+            f'none of the {len(state_dict)} checkpoint keys match '
+            f'{type(model).__name__} (wrong checkpoint or prefix?); '
+            f'checkpoint keys start {list(state_dict)[:5]}, model keys start '
+            f'{list(own)[:5]}')
+
+    reinit = reinit or _default_reinit
+    owners = sorted({key.rsplit('.', 1)[0] for key in mismatched})
+    for name in owners:
+        reinit(model.get_submodule(name))
+    model.load_state_dict(loadable, strict=False)
+
+    report = dict(
+        loaded=sorted(loadable),
+        reinitialized=owners,
+        missing=sorted(set(own) - set(loadable) - set(mismatched)),
+        unexpected=sorted(set(state_dict) - set(own)))
+    lines = []
+    if mismatched:
+        lines.append('re-initialised (shape differs from the checkpoint): ' +
+                     ', '.join(f'{k} {ckpt}->{ours}'
+                               for k, (ckpt, ours) in mismatched.items()))
+    if report['missing']:
+        lines.append('missing in checkpoint: ' + ', '.join(report['missing']))
+    if report['unexpected']:
+        lines.append('unused checkpoint keys: ' +
+                     ', '.join(report['unexpected']))
+    if lines:
+        warnings.warn(
+            f'{type(model).__name__}: loaded {len(loadable)} of {len(own)} '
+            'tensors; ' + '; '.join(lines), UserWarning, stacklevel=2)
+    return report

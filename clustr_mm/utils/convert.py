@@ -1,0 +1,93 @@
+"""Key mapping from the official ClusTR code's checkpoints to clustr_mm.
+
+The official model names its parts ``patch_embed{i}``, ``block{i}.{j}``,
+``norm{i}`` (stages counted from 1) and ``head``; clustr_mm uses
+``patch_embeds.{i}``, ``stages.{i}.{j}``, ``norms.{i}`` (from 0) under the
+classifier's ``backbone.`` prefix, and mmpretrain's ``head.fc``. Inside a block
+only the MLP's depthwise conv differs (``mlp.dwconv.dwconv`` ->
+``mlp.dwconv``); attention names (q, kv, kv1, kv2, weight_layer, proj) are
+the same.
+"""
+import re
+from collections import OrderedDict
+from typing import Dict, List, Mapping, Tuple
+
+import torch
+
+_RULES = [
+    (re.compile(r'^patch_embed(\d+)\.(.+)$'),
+     lambda m: f'backbone.patch_embeds.{int(m[1]) - 1}.{m[2]}'),
+    (re.compile(r'^block(\d+)\.(\d+)\.mlp\.dwconv\.dwconv\.(.+)$'),
+     lambda m: f'backbone.stages.{int(m[1]) - 1}.{m[2]}.mlp.dwconv.{m[3]}'),
+    (re.compile(r'^block(\d+)\.(\d+)\.(.+)$'),
+     lambda m: f'backbone.stages.{int(m[1]) - 1}.{m[2]}.{m[3]}'),
+    (re.compile(r'^norm(\d+)\.(.+)$'),
+     lambda m: f'backbone.norms.{int(m[1]) - 1}.{m[2]}'),
+    (re.compile(r'^head\.(weight|bias)$'), lambda m: f'head.fc.{m[1]}'),
+]
+
+
+def unwrap_state_dict(checkpoint: Mapping) -> Mapping[str, torch.Tensor]:
+    """The state dict inside ``{'model': ...}`` / ``{'state_dict': ...}``."""
+    for key in ('model', 'state_dict'):
+        if key in checkpoint and isinstance(checkpoint[key], Mapping):
+            return checkpoint[key]
+    return checkpoint
+
+
+def convert_clustr_official(
+        official: Mapping[str, torch.Tensor]
+) -> Tuple['OrderedDict[str, torch.Tensor]', List[str]]:
+    """Rename official keys to clustr_mm classifier keys.
+
+    Returns:
+        The converted state dict (``backbone.*`` and ``head.fc.*``) and the
+        official keys no rule matched.
+    """
+    converted, unmatched = OrderedDict(), []
+    for key, value in official.items():
+        key = key[len('module.'):] if key.startswith('module.') else key
+        for pattern, rename in _RULES:
+            match = pattern.match(key)
+            if match:
+                converted[rename(match)] = value
+                break
+        else:
+            unmatched.append(key)
+    return converted, unmatched
+
+
+def compare_state_dicts(converted: Mapping[str, torch.Tensor],
+                        expected: Mapping[str, torch.Tensor]
+                        ) -> Dict[str, List[str]]:
+    """Matched / missing / unexpected / shape-mismatched keys vs a model."""
+    report = dict(matched=[], missing=[], unexpected=[], shape_mismatch=[])
+    for key, value in converted.items():
+        if key not in expected:
+            report['unexpected'].append(key)
+        elif tuple(value.shape) != tuple(expected[key].shape):
+            report['shape_mismatch'].append(
+                f'{key}: {tuple(value.shape)} vs {tuple(expected[key].shape)}')
+        else:
+            report['matched'].append(key)
+    report['missing'] = [k for k in expected if k not in converted]
+    return report
+
+
+def infer_clustr_arch(converted: Mapping[str, torch.Tensor]) -> str:
+    """Name of the arch_zoo entry whose depths and widths the weights have."""
+    from ..models.backbones.clustr import ClusTR
+    depths, dims = [], []
+    for i in range(4):
+        blocks = {
+            int(k.split('.')[3])
+            for k in converted if k.startswith(f'backbone.stages.{i}.')
+        }
+        depths.append(len(blocks))
+        weight = converted.get(f'backbone.patch_embeds.{i}.proj.weight')
+        dims.append(None if weight is None else int(weight.shape[0]))
+    for name, arch in ClusTR.arch_zoo.items():
+        if list(arch['depths']) == depths and list(arch['embed_dims']) == dims:
+            return name
+    raise ValueError(f'no ClusTR arch has depths {depths} and embed dims '
+                     f'{dims}; pass the arch explicitly')

@@ -1,0 +1,187 @@
+"""Official PaCa-ViT checkpoints (timm ImageNet releases and the mmdet/mmseg
+backbones) -> clustr_mm ``PaCaViT`` keys.
+
+One explicit table of key rewrites. Two things are not a rename: the conv
+clustering's 1x1 convs are stored by us as linears ((out, in, 1, 1) ->
+(out, in)), and the teacher's fixed blur kernels are dropped (we rebuild
+them; they are not weights).
+"""
+import re
+from collections import OrderedDict
+from typing import Dict, List, Tuple
+
+import torch
+
+StateDict = Dict[str, torch.Tensor]
+
+_STAGE = r'^stage(?P<i>\d+)\.(?P<b>\d+)\.'
+_TEACHER = r'^paca_teacher\.'
+
+# (official pattern, our key template). Official stage-like indices (i) are
+# 1-based: {s} is i - 1 (stage{i}, norm{i}, block{i}, fpn{i}, ...), {i} keeps
+# it (transition{i} leads into our 0-based stage i). {b} is a block index,
+# {m} an attention sub-module, {r} the parameter name.
+_RULES = [
+    (r'^patch_embed\.proj\.0\.(?P<r>.+)$', 'stem.conv1.{r}'),
+    (r'^patch_embed\.proj\.1\.(?P<r>.+)$', 'stem.conv2.{r}'),
+    (r'^patch_embed\.norm\.(?P<r>.+)$', 'stem.norm.{r}'),
+    (_STAGE + r'norm1_before\.(?P<r>.+)$', 'stages.{s}.blocks.{b}.norm1.{r}'),
+    (_STAGE + r'norm2_before\.(?P<r>.+)$', 'stages.{s}.blocks.{b}.norm2.{r}'),
+    (_STAGE + r'attn\.(?P<m>q|k|v|proj|cluster_norm)\.(?P<r>.+)$',
+     'stages.{s}.blocks.{b}.attn.{m}.{r}'),
+    (_STAGE + r'mlp\.fc1\.(?P<r>.+)$', 'stages.{s}.blocks.{b}.ffn.fc1.{r}'),
+    (_STAGE + r'mlp\.dwconv\.dwconv\.(?P<r>.+)$',
+     'stages.{s}.blocks.{b}.ffn.dwconv.{r}'),
+    (_STAGE + r'mlp\.fc2\.(?P<r>.+)$', 'stages.{s}.blocks.{b}.ffn.fc2.{r}'),
+    (r'^norm(?P<i>\d+)\.(?P<r>.+)$', 'stages.{s}.norm.{r}'),
+    (r'^transition(?P<i>\d+)\.proj\.(?P<r>.+)$',
+     'stages.{i}.downsample.conv.{r}'),
+    (r'^transition(?P<i>\d+)\.norm\.(?P<r>.+)$',
+     'stages.{i}.downsample.norm.{r}'),
+    (r'^head\.(?P<r>weight|bias)$', 'head.fc.{r}'),
+    (_TEACHER + r'block(?P<i>\d+)\.(?P<b>\d+)\.0\.fn\.0\.(?P<r>.+)$',
+     'teacher.stages.{s}.{b}.dwconv.{r}'),
+    (_TEACHER + r'block(?P<i>\d+)\.(?P<b>\d+)\.0\.fn\.2\.(?P<r>.+)$',
+     'teacher.stages.{s}.{b}.norm1.{r}'),
+    (_TEACHER + r'block(?P<i>\d+)\.(?P<b>\d+)\.1\.(?P<r>.+)$',
+     'teacher.stages.{s}.{b}.pwconv.{r}'),
+    (_TEACHER + r'block(?P<i>\d+)\.(?P<b>\d+)\.3\.(?P<r>.+)$',
+     'teacher.stages.{s}.{b}.norm2.{r}'),
+    (_TEACHER + r'transition(?P<i>\d+)\.0\.conv\.(?P<r>.+)$',
+     'teacher.downsamples.{s}.conv.{r}'),
+    (_TEACHER + r'transition(?P<i>\d+)\.2\.(?P<r>.+)$',
+     'teacher.downsamples.{s}.norm.{r}'),
+    (_TEACHER + r'lateral(?P<i>\d+)\.0\.(?P<r>.+)$',
+     'teacher.laterals.{s}.conv.{r}'),
+    (_TEACHER + r'lateral(?P<i>\d+)\.2\.(?P<r>.+)$',
+     'teacher.laterals.{s}.norm.{r}'),
+    (_TEACHER + r'fpn(?P<i>\d+)\.0\.fn\.0\.(?P<r>.+)$',
+     'teacher.fpns.{s}.dwconv.{r}'),
+    (_TEACHER + r'fpn(?P<i>\d+)\.0\.fn\.2\.(?P<r>.+)$',
+     'teacher.fpns.{s}.norm1.{r}'),
+    (_TEACHER + r'fpn(?P<i>\d+)\.1\.(?P<r>.+)$',
+     'teacher.fpns.{s}.pwconv.{r}'),
+    (_TEACHER + r'fpn(?P<i>\d+)\.3\.(?P<r>.+)$', 'teacher.fpns.{s}.norm2.{r}'),
+    (_TEACHER + r'to_clusters(?P<i>\d+)\.(?P<r>.+)$',
+     'teacher.to_clusters.{s}.{r}'),
+]
+# official Sequential index -> our name, per clustering network type
+_CLUSTERING = {'conv': {'0': 'dwconv', '2': 'pwconv', '4': 'to_clusters'},
+               'mlp': {'0': 'fc1', '2': 'fc2'}}
+_CLUSTERING_KEY = re.compile(
+    _STAGE + r'attn\.clustering\.clustering\.(?P<n>\d)\.(?P<r>.+)$')
+_DROPPED = re.compile(_TEACHER + r'transition\d+\.0\.blur_filter$')
+
+
+def _strip_wrappers(state: StateDict) -> Tuple[StateDict, List[str]]:
+    """Drop ``module.``; keep only ``backbone.*`` of a detector/segmentor."""
+    if state and all(k.startswith('module.') for k in state):
+        state = {k[len('module.'):]: v for k, v in state.items()}
+    if any(k.startswith('backbone.') for k in state):
+        others = [k for k in state if not k.startswith('backbone.')]
+        state = {k[len('backbone.'):]: v for k, v in state.items()
+                 if k.startswith('backbone.')}
+        return state, others
+    return state, []
+
+
+def convert_paca_official(state: StateDict) -> Tuple[StateDict, List[str]]:
+    """Map official keys to ours.
+
+    Accepts a raw state dict (timm release) or a detector / segmentor one
+    (only its ``backbone.*`` keys are used). Returns the converted dict
+    (backbone keys without prefix, plus ``head.fc.weight/bias`` when the
+    source has the ImageNet head) and the source keys that were not
+    converted (necks and heads of detectors, unknown keys). The teacher's
+    fixed blur kernels are dropped, not reported.
+    """
+    state, skipped = _strip_wrappers(state)
+    conv = re.compile(r'.*\.clustering\.clustering\.4\.')
+    kind = 'conv' if any(conv.match(k) for k in state) else 'mlp'
+    out = OrderedDict()
+    for key, value in state.items():
+        if _DROPPED.match(key):
+            continue
+        match = _CLUSTERING_KEY.match(key)
+        if match:
+            name = _CLUSTERING[kind].get(match['n'])
+            if name is None:
+                skipped.append(key)
+                continue
+            if name in ('pwconv', 'to_clusters') and value.dim() == 4:
+                value = value.flatten(1)
+            out[f'stages.{int(match["i"]) - 1}.blocks.{match["b"]}.attn.'
+                f'clustering.{name}.{match["r"]}'] = value
+            continue
+        for pattern, template in _RULES:
+            match = re.match(pattern, key)
+            if match:
+                out[_fill(template, match)] = value
+                break
+        else:
+            skipped.append(key)
+    return out, skipped
+
+
+def _fill(template: str, match: re.Match) -> str:
+    fields = match.groupdict()
+    if 'i' in fields:
+        fields['s'] = int(fields['i']) - 1
+    return template.format(**fields)
+
+
+def infer_paca_config(state: StateDict) -> dict:
+    """``PaCaViT`` kwargs reproducing a converted (un-prefixed) state dict.
+
+    Head counts are not recorded in weights; every official model uses
+    (2, 4, 8, 16), which is assumed.
+    """
+    def count(pattern):
+        found = {}
+        for key in state:
+            m = re.match(pattern, key)
+            if m:
+                found.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+        return [len(found.get(i, ())) for i in range(4)]
+
+    embed_dims = [state[f'stages.{i}.norm.weight'].shape[0] for i in range(4)]
+    depths = count(r'stages\.(\d+)\.blocks\.(\d+)\.')
+    arch = dict(embed_dims=embed_dims, num_heads=[2, 4, 8, 16], depths=depths)
+    if any(k.startswith('teacher.') for k in state):
+        arch['teacher_depths'] = count(r'teacher\.stages\.(\d+)\.(\d+)\.')
+        clusters = [
+            state[f'teacher.to_clusters.{i}.weight'].shape[0]
+            if f'teacher.to_clusters.{i}.weight' in state else 0
+            for i in range(4)
+        ]
+        return dict(arch=arch, clustering='teacher', num_clusters=clusters)
+
+    kind = 'conv' if any('.clustering.to_clusters.' in k
+                         for k in state) else 'mlp'
+    last = 'to_clusters' if kind == 'conv' else 'fc2'
+    clusters, owners = [], set()
+    owner_key = re.compile(r'stages\.(\d+)\.blocks\.(\d+)\.attn\.clustering\.')
+    for key in state:
+        m = owner_key.match(key)
+        if m:
+            owners.add(int(m.group(2)))
+    for i in range(4):
+        key = f'stages.{i}.blocks.0.attn.clustering.{last}.weight'
+        clusters.append(state[key].shape[0] if key in state else 0)
+    interval = 0 if owners <= {0} else min(owners - {0})
+    return dict(arch=arch, clustering=kind, num_clusters=clusters,
+                clustering_interval=interval)
+
+
+def compare_state(converted: StateDict, reference: StateDict) -> dict:
+    """Key-by-key comparison of a converted dict against a model's own."""
+    matched = [k for k in converted
+               if k in reference and converted[k].shape == reference[k].shape]
+    mismatched = [
+        f'{k}: {tuple(v.shape)} vs model {tuple(reference[k].shape)}'
+        for k, v in converted.items()
+        if k in reference and v.shape != reference[k].shape
+    ]
+    return dict(matched=matched, mismatched=mismatched,
+                missing=[k for k in reference if k not in converted],
+                unexpected=[k for k in converted if k not in reference])

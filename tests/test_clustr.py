@@ -1,0 +1,396 @@
+"""ClusTR backbone, DPC-kNN clustering and the official-weights converter."""
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import clustr_mm  # noqa: F401  (registers the models)
+from clustr_mm.models.backbones.clustr import ClusTR
+from clustr_mm.models.layers import token_clustering
+from clustr_mm.models.layers.cluster_attention import ClusterAttention
+from clustr_mm.models.layers.token_clustering import (DPCKNNClustering,
+                                                      WindowLayout,
+                                                      dpc_knn_assign,
+                                                      merge_tokens)
+
+REPO = Path(__file__).resolve().parents[1]
+torch.set_num_threads(2)
+
+
+# --------------------------------------------------------------------------
+# A literal DPC-kNN, straight from the specification (O(N^2) Python loops).
+def reference_dpc_knn(tokens, counts, k=5):
+    """Per token, the rank (by score) of its cluster's center, per count."""
+    pts = tokens.tolist()
+    n, c = len(pts), len(pts[0])
+    dist = [[math.sqrt(sum((a - b)**2 for a, b in zip(p, q)) / c)
+             for q in pts] for p in pts]
+    rho = []
+    for i in range(n):
+        nearest = sorted(d * d for d in dist[i])[:min(k, n)]  # self included
+        rho.append(math.exp(-sum(nearest) / len(nearest)))
+    largest = max(max(row) for row in dist)
+    delta = []
+    for i in range(n):
+        # Ties in density: the lower index counts as denser.
+        denser = [dist[i][j] for j in range(n)
+                  if rho[j] > rho[i] or (rho[j] == rho[i] and j < i)]
+        delta.append(min(denser) if denser else largest)
+    score = [r * d for r, d in zip(rho, delta)]
+    ranking = sorted(range(n), key=lambda i: (-score[i], i))
+    result = []
+    for m in counts:
+        centers = ranking[:m]
+        assign = []
+        for i in range(n):
+            if i in centers:
+                assign.append(centers.index(i))
+            else:
+                assign.append(min(range(m),
+                                  key=lambda j: (dist[i][centers[j]], j)))
+        result.append(assign)
+    return result
+
+
+def test_exact_mode_matches_reference():
+    torch.manual_seed(0)
+    h, w, sr = 7, 9, 2
+    x = torch.randn(3, h * w, 8)
+    layout = WindowLayout((h, w), None, sr)
+    assert layout.totals == [15, 60]
+    # A tiny chunk budget exercises the row-chunked path as well.
+    for budget in (1 << 20, 100):
+        ids = dpc_knn_assign(x, layout, max_chunk_elems=budget)
+        for b in range(3):
+            ref = reference_dpc_knn(x[b], [15, 60])
+            for s in range(2):
+                assert ids[s][b].tolist() == ref[s]
+
+
+def test_window_mode_matches_reference_per_window():
+    torch.manual_seed(1)
+    h, w, ws, sr = 11, 13, 5, 2
+    x = torch.randn(2, h * w, 6)
+    layout = WindowLayout((h, w), ws, sr)
+    ids = dpc_knn_assign(x, layout, max_chunk_elems=64)
+    for b in range(2):
+        grid = x[b].reshape(h, w, -1)
+        expected = [torch.empty(h, w, dtype=torch.long) for _ in range(2)]
+        offsets = [0, 0]
+        for i0 in range(0, h, ws):
+            for j0 in range(0, w, ws):
+                win = grid[i0:i0 + ws, j0:j0 + ws]
+                n = win.shape[0] * win.shape[1]
+                coarse = max(1, n // sr**2)
+                counts = [coarse, min(4 * coarse, n)]  # documented rule
+                ref = reference_dpc_knn(win.reshape(n, -1), counts)
+                for s in range(2):
+                    expected[s][i0:i0 + ws, j0:j0 + ws] = (
+                        torch.tensor(ref[s]).reshape(win.shape[:2]) +
+                        offsets[s])
+                    offsets[s] += counts[s]
+        for s in range(2):
+            assert torch.equal(ids[s][b], expected[s].flatten())
+    assert layout.totals == offsets
+
+
+def test_window_mode_equals_exact_when_one_window_covers_grid():
+    torch.manual_seed(2)
+    for hw in [(7, 7), (4, 7)]:
+        x = torch.randn(2, hw[0] * hw[1], 8)
+        exact = dpc_knn_assign(x, WindowLayout(hw, None, 2))
+        window = dpc_knn_assign(x, WindowLayout(hw, 7, 2))
+        for a, b in zip(exact, window):
+            assert torch.equal(a, b)
+
+
+def test_identity_scale_and_ties_are_deterministic():
+    x = torch.zeros(2, 16, 4)  # every token identical: all ties
+    layout = WindowLayout((4, 4), None, 2)
+    assert layout.identity == [False, True]
+    ids = dpc_knn_assign(x, layout)
+    assert torch.equal(ids[1], torch.arange(16).expand(2, -1))
+    assert ids[0][0].tolist() == reference_dpc_knn(x[0], [4])[0]
+    assert torch.equal(ids[0], dpc_knn_assign(x, layout)[0])
+
+
+def test_merge_is_weighted_mean():
+    torch.manual_seed(3)
+    x, w = torch.randn(2, 10, 3), torch.rand(2, 10, 1) + 0.1
+    ids = torch.randint(0, 4, (2, 10))
+    out = merge_tokens(x, w, ids, 4)
+    for b in range(2):
+        for m in range(4):
+            member = ids[b] == m
+            num = (x[b][member] * w[b][member]).sum(0)
+            den = w[b][member].sum() + 1e-6
+            torch.testing.assert_close(out[b, m], num / den)
+
+
+def test_cluster_attention_sums_two_scales():
+    torch.manual_seed(4)
+    attn = ClusterAttention(16, 2, sr_ratio=2).eval()
+    attn.cluster.record_assignments = True
+    x, hw = torch.randn(1, 36, 16), (6, 6)
+    out = attn(x, hw)
+    w = attn.weight_layer(x).exp()
+    total = torch.zeros_like(x)
+    for kv, ids, m in zip((attn.kv1, attn.kv2), attn.cluster.assignments,
+                          (9, 36)):
+        k, v = kv(merge_tokens(x, w, ids, m)).chunk(2, -1)
+        q = attn.q(x)
+        for h in range(2):
+            sl = slice(8 * h, 8 * h + 8)
+            a = (q[..., sl] @ k[..., sl].transpose(1, 2) / math.sqrt(8))
+            total[..., sl] += a.softmax(-1) @ v[..., sl]
+    torch.testing.assert_close(out, attn.proj(total), rtol=1e-4, atol=1e-5)
+
+
+# --------------------------------------------------------------------------
+# Backbone.
+@pytest.mark.parametrize('arch,expected', [('tiny', 11.682), ('small', 22.691),
+                                           ('base', 40.246)])
+def test_parameter_counts_with_linear_head(arch, expected):
+    model = ClusTR(arch)
+    n = sum(p.numel() for p in model.parameters())
+    n += sum(p.numel() for p in nn.Linear(512, 1000).parameters())
+    assert abs(n / 1e6 - expected) / expected < 1e-3
+
+
+def test_builds_from_registry():
+    from mmengine.registry import MODELS
+    model = MODELS.build(dict(type='ClusTR', arch='tiny', out_indices=(3, )))
+    assert isinstance(model, ClusTR) and model.out_indices == (3, )
+
+
+@pytest.mark.parametrize('kwargs,word', [
+    (dict(arch='huge'), 'arch'),
+    (dict(arch=dict(embed_dims=[8], depths=[1])), 'arch'),
+    (dict(arch=dict(embed_dims=[10], depths=[1], num_heads=[3],
+                    mlp_ratios=[4], sr_ratios=[1])), 'num_heads'),
+    (dict(out_indices=(4, )), 'out_indices'),
+    (dict(drop_path_rate=-0.1), 'drop_path_rate'),
+    (dict(clustering_mode='fast'), 'clustering_mode'),
+    (dict(frozen_stages=4), 'frozen_stages'),
+])
+def test_invalid_arguments_are_named(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        ClusTR(**kwargs)
+
+
+def test_wrong_input_channels_raise():
+    with pytest.raises(ValueError, match='expects input'):
+        ClusTR('tiny')(torch.randn(1, 1, 32, 32))
+
+
+@pytest.mark.parametrize('mode', ['exact', 'window'])
+def test_odd_sizes_and_batch_one(mode):
+    model = ClusTR('tiny', clustering_mode=mode, window_size=8).eval()
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, 33, 47))
+    assert [tuple(o.shape) for o in outs] == [(1, 64, 9, 12), (1, 128, 5, 6),
+                                              (1, 256, 3, 3), (1, 512, 2, 2)]
+    assert all(torch.isfinite(o).all() for o in outs)
+
+
+def test_batch_items_are_independent():
+    torch.manual_seed(5)
+    model = ClusTR('tiny', out_indices=(3, )).eval()
+    x = torch.randn(3, 3, 64, 96)
+    with torch.no_grad():
+        joint = model(x)[0]
+        single = torch.cat([model(x[i:i + 1])[0] for i in range(3)])
+    torch.testing.assert_close(joint, single, rtol=1e-4, atol=1e-4)
+
+
+def test_window_equals_exact_at_224():
+    torch.manual_seed(6)
+    exact = ClusTR('tiny').eval()
+    window = ClusTR('tiny', clustering_mode='window').eval()
+    window.load_state_dict(exact.state_dict())
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        for a, b in zip(exact(x), window(x)):
+            assert torch.equal(a, b)
+
+
+def test_window_mode_large_input_has_bounded_chunks(monkeypatch):
+    budget = 1 << 18
+    model = ClusTR('tiny', clustering_mode='window', out_indices=(3, ),
+                   max_chunk_elems=budget).eval()
+    largest = []
+    bmm = torch.bmm
+
+    def recording_bmm(a, b):
+        out = bmm(a, b)
+        largest.append(out.numel())
+        return out
+
+    monkeypatch.setattr(token_clustering.torch, 'bmm', recording_bmm)
+    with torch.no_grad():
+        out = model(torch.randn(1, 3, 288, 544))[0]  # stage 1: 72 x 136
+    assert out.shape == (1, 512, 9, 17)
+    # A full stage-1 distance matrix would have (72 * 136)^2 ~ 96M elements.
+    assert largest and max(largest) <= budget
+
+
+def test_deterministic_across_runs():
+    torch.manual_seed(7)
+    model = ClusTR('tiny', clustering_mode='window', window_size=8).eval()
+    clusterers = [
+        m for m in model.modules() if isinstance(m, DPCKNNClustering)
+    ]
+    for m in clusterers:
+        m.record_assignments = True
+    x = torch.randn(2, 3, 96, 80)
+    with torch.no_grad():
+        first = model(x)
+        ids = [list(m.assignments) for m in clusterers]
+        second = model(x)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    for m, before in zip(clusterers, ids):
+        assert all(torch.equal(a, b) for a, b in zip(m.assignments, before))
+
+
+def test_frozen_stages_and_norm_eval():
+    model = ClusTR('tiny', frozen_stages=1).train()
+    for i in range(4):
+        frozen = i <= 1
+        for part in (model.patch_embeds[i], model.stages[i], model.norms[i]):
+            assert all(p.requires_grad != frozen for p in part.parameters())
+            assert all(m.training != frozen for m in part.modules())
+    model = ClusTR('tiny', norm_eval=True).train()
+    for m in model.modules():
+        assert m.training != isinstance(m, nn.LayerNorm)
+
+
+def test_pretrained_init_cfg_survives_init_weights(tmp_path):
+    source = ClusTR('tiny')
+    source.init_weights()
+    ckpt = tmp_path / 'ckpt.pth'
+    torch.save({'state_dict': {f'backbone.{k}': v
+                               for k, v in source.state_dict().items()}}, ckpt)
+    model = ClusTR('tiny', init_cfg=dict(type='Pretrained',
+                                         checkpoint=str(ckpt),
+                                         prefix='backbone.'))
+    model.init_weights()
+    for k, v in source.state_dict().items():
+        assert torch.equal(model.state_dict()[k], v), k
+
+
+def test_gradients_reach_every_trainable_parameter():
+    torch.manual_seed(8)
+    model = ClusTR('tiny', drop_path_rate=0.1, frozen_stages=0).train()
+    outs = model(torch.randn(2, 3, 64, 64))
+    sum(o.square().mean() for o in outs).backward()
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            assert p.grad is not None and p.grad.abs().sum() > 0, name
+        else:
+            assert p.grad is None, name
+
+
+def test_bf16_autocast_keeps_fp32_assignments():
+    torch.manual_seed(9)
+    x = torch.randn(2, 14 * 14, 32)
+    w = torch.rand(2, 14 * 14, 1) + 0.5
+    clusterer = DPCKNNClustering(2)
+    clusterer.record_assignments = True
+    clusterer(x, w, (14, 14))
+    fp32 = clusterer.assignments
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        clusterer(x, w, (14, 14))
+    assert all(torch.equal(a, b) for a, b in zip(fp32, clusterer.assignments))
+
+    model = ClusTR('tiny').eval()
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+        outs = model(torch.randn(1, 3, 64, 64))
+    assert all(torch.isfinite(o.float()).all() for o in outs)
+
+
+# --------------------------------------------------------------------------
+# Converter.
+def to_official(state_dict):
+    """Our backbone keys -> the official code's keys (inverse of the map)."""
+    official = {}
+    for key, value in state_dict.items():
+        key = re.sub(r'^patch_embeds\.(\d+)',
+                     lambda m: f'patch_embed{int(m[1]) + 1}', key)
+        key = re.sub(r'^stages\.(\d+)', lambda m: f'block{int(m[1]) + 1}',
+                     key)
+        key = re.sub(r'^norms\.(\d+)', lambda m: f'norm{int(m[1]) + 1}', key)
+        key = key.replace('.mlp.dwconv.', '.mlp.dwconv.dwconv.')
+        official[key] = value
+    return official
+
+
+def test_converter_round_trip(tmp_path):
+    torch.manual_seed(10)
+    model = ClusTR('tiny').eval()
+    model.init_weights()
+    head = nn.Linear(512, 1000)
+    official = to_official(model.state_dict())
+    official.update({'head.weight': head.weight.data,
+                     'head.bias': head.bias.data})
+    assert 'block1.0.attn.kv1.weight' in official
+    assert 'block1.0.mlp.dwconv.dwconv.weight' in official
+    src, dst = tmp_path / 'official.pth', tmp_path / 'converted.pth'
+    torch.save({'model': official}, src)
+
+    result = subprocess.run(
+        [sys.executable, str(REPO / 'tools/model_converters/'
+                             'clustr_official_to_mm.py'), str(src), str(dst)],
+        capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert 'arch: tiny' in result.stdout
+    for line in ('missing: 0', 'unexpected: 0', 'shape_mismatch: 0'):
+        assert line in result.stdout
+
+    converted = torch.load(dst, weights_only=True)
+    state = converted['state_dict']
+    assert torch.equal(state['head.fc.weight'], head.weight.data)
+    fresh = ClusTR('tiny', init_cfg=dict(type='Pretrained',
+                                         checkpoint=str(dst),
+                                         prefix='backbone.')).eval()
+    fresh.init_weights()
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        for a, b in zip(model(x), fresh(x)):
+            assert torch.equal(a, b)
+
+    # The whole checkpoint is an mmpretrain classifier's state dict.
+    mmpretrain_models = pytest.importorskip('mmpretrain.registry').MODELS
+    classifier = mmpretrain_models.build(
+        dict(type='ImageClassifier', backbone=dict(type='ClusTR', arch='tiny'),
+             neck=dict(type='GlobalAveragePooling'),
+             head=dict(type='LinearClsHead', num_classes=1000,
+                       in_channels=512))).eval()
+    classifier.load_state_dict(state, strict=True)
+    with torch.no_grad():
+        logits = classifier(x, mode='tensor')
+        expected = head(model(x)[-1].mean((2, 3)))
+    torch.testing.assert_close(logits, expected)
+
+
+def test_converter_reports_mismatches(tmp_path):
+    official = to_official(ClusTR('tiny').state_dict())
+    official.pop('norm4.weight')
+    official['block1.0.attn.q.bias'] = torch.zeros(3)
+    official['relative_bias'] = torch.zeros(2)
+    src = tmp_path / 'official.pth'
+    torch.save(official, src)
+    result = subprocess.run(
+        [sys.executable, str(REPO / 'tools/model_converters/'
+                             'clustr_official_to_mm.py'), str(src),
+         str(tmp_path / 'out.pth'), '--arch', 'tiny'],
+        capture_output=True, text=True, cwd=REPO)
+    assert result.returncode != 0
+    assert 'backbone.norms.3.weight' in result.stdout
+    assert 'backbone.stages.0.0.attn.q.bias' in result.stdout
+    assert 'relative_bias (no rule)' in result.stdout
+    assert not (tmp_path / 'out.pth').exists()

@@ -1,0 +1,77 @@
+"""Convert an official ClusTR checkpoint into a clustr_mm checkpoint.
+
+The output, ``{'state_dict': {'backbone.*', 'head.fc.*'}, 'meta': ...}``, loads
+into mmpretrain's ``ImageClassifier`` (ClusTR backbone, GlobalAveragePooling
+neck, LinearClsHead) and into downstream configs through
+``init_cfg=dict(type='Pretrained', checkpoint=..., prefix='backbone.')``.
+
+Example::
+
+    python tools/model_converters/clustr_official_to_mm.py \
+        clustr_small_official.pth work_dirs/clustr-s_in1k.pth
+"""
+import argparse
+import os.path as osp
+import sys
+
+import torch
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('src', help='official checkpoint ({"model": ...} or '
+                        'a raw state dict)')
+    parser.add_argument('dst', help='output path')
+    parser.add_argument('--arch', choices=['tiny', 'small', 'base'],
+                        help='ClusTR arch (default: inferred from weights)')
+    parser.add_argument('--force', action='store_true',
+                        help='write the output even if keys are missing or '
+                        'shapes mismatch')
+    return parser.parse_args()
+
+
+def main():
+    args = parse_args()
+    sys.path.insert(0, osp.join(osp.dirname(__file__), '..', '..'))
+    from clustr_mm.models.backbones.clustr import ClusTR
+    from clustr_mm.utils import (compare_state_dicts, convert_clustr_official,
+                                 infer_clustr_arch, unwrap_state_dict)
+
+    if not osp.isfile(args.src):
+        sys.exit(f'error: checkpoint not found: {args.src}')
+    # weights_only: a downloaded checkpoint must not run arbitrary code.
+    checkpoint = torch.load(args.src, map_location='cpu', weights_only=True)
+    converted, unmatched = convert_clustr_official(
+        unwrap_state_dict(checkpoint))
+    arch = args.arch or infer_clustr_arch(converted)
+
+    backbone = ClusTR(arch)
+    expected = {f'backbone.{k}': v for k, v in backbone.state_dict().items()}
+    head_w = converted.get('head.fc.weight')
+    if head_w is not None:
+        expected['head.fc.weight'] = torch.empty(head_w.shape[0],
+                                                 backbone.embed_dims[-1])
+        expected['head.fc.bias'] = torch.empty(head_w.shape[0])
+    report = compare_state_dicts(converted, expected)
+    report['unexpected'] += [f'{k} (no rule)' for k in unmatched]
+
+    print(f'arch: {arch}')
+    for name in ('matched', 'missing', 'unexpected', 'shape_mismatch'):
+        keys = report[name]
+        print(f'{name}: {len(keys)}')
+        if name != 'matched':
+            for key in keys:
+                print(f'  {key}')
+    if (report['missing'] or report['shape_mismatch']) and not args.force:
+        sys.exit('error: missing or shape-mismatched keys; nothing written '
+                 '(use --force to write anyway)')
+
+    state_dict = {k: converted[k].contiguous() for k in report['matched']}
+    meta = dict(source=osp.abspath(args.src), arch=arch,
+                converter='tools/model_converters/clustr_official_to_mm.py')
+    torch.save(dict(state_dict=state_dict, meta=meta), args.dst)
+    print(f'saved {len(state_dict)} tensors to {args.dst}')
+
+
+if __name__ == '__main__':
+    main()
