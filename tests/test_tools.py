@@ -76,5 +76,5 @@ def test_dist_train_two_cpu_processes(tiny_data, tmp_path):
     out = run_tool(['bash', 'tools/dist_train.sh', config, '2',
                     '--work-dir', str(tmp_path), '--cfg-options', *options],
                    python=False, env={'PORT': '29533'}).stdout
-    assert re.search(r'world_size: 2|Distributed: True', out), out[-3000:]
+    assert 'launcher pytorch, world size 2' in out, out[-3000:]
     assert _last_checkpoint(tmp_path).endswith('iter_4.pth')

@@ -62,6 +62,10 @@ def main(argv=None):
         cfg.resume, cfg.load_from = True, args.resume
 
     runner = build_runner(cfg)
+    if runner.rank == 0:
+        print(f'[train] {args.config} ({cfg.default_scope}): launcher '
+              f'{args.launcher}, world size {runner.world_size}, work dir '
+              f'{runner.work_dir}', flush=True)
     runner.train()
 
 
