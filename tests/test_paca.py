@@ -219,6 +219,23 @@ def test_pretrained_survives_init_weights(tmp_path):
         torch.testing.assert_close(value, expected[key], msg=key)
 
 
+def test_pretrained_from_runner_checkpoint(tmp_path):
+    from mmengine.logging import HistoryBuffer
+    source = build()
+    state = {f'backbone.{k}': v for k, v in source.state_dict().items()}
+    loss = HistoryBuffer()
+    loss.update(0.5)
+    torch.save({'state_dict': state, 'meta': {'epoch': 3},
+                'message_hub': {'log_scalars': {'loss': loss}}},
+               tmp_path / 'epoch_3.pth')
+    target = build(init=False, init_cfg=dict(
+        type='Pretrained', checkpoint=str(tmp_path / 'epoch_3.pth'),
+        prefix='backbone.'))
+    target.init_weights()
+    torch.testing.assert_close(target.stages[3].norm.weight,
+                               source.stages[3].norm.weight)
+
+
 @pytest.mark.parametrize('clustering, layers', [
     ('conv', ['stages.{}.blocks.0.attn.clustering.to_clusters']),
     ('mlp', ['stages.{}.blocks.0.attn.clustering.fc2']),
@@ -280,6 +297,8 @@ def test_loader_rejects_checkpoints_that_match_nothing(tmp_path):
     (dict(arch='huge'), 'arch'),
     (dict(arch=dict(ARCH, num_heads=(3, 4, 8, 16))), 'num_heads'),
     (dict(arch=dict(embed_dims=(8, 16, 32, 64))), 'arch'),
+    (dict(arch=dict(ARCH, depth=(1, 1, 1, 1))), 'arch'),
+    (dict(arch=dict(ARCH, depths=(1, 1, 1))), 'depths'),
     (dict(clustering='kmeans'), 'clustering'),
     (dict(num_clusters=(100, 100)), 'num_clusters'),
     (dict(out_indices=(4, )), 'out_indices'),

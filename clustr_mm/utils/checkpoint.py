@@ -13,15 +13,20 @@ from typing import Callable, Dict, Optional
 import torch
 from torch import nn
 
+from .convert import unwrap_state_dict
+from .safe_pickle import allow_runner_checkpoint_types
+
 StateDict = Dict[str, torch.Tensor]
 
 
 def read_checkpoint(filename: str, map_location: str = 'cpu') -> StateDict:
     """Read a weights file (local path or URL) without unpickling objects.
 
-    Accepts a raw state dict or one wrapped under ``state_dict`` or ``model``
-    (mmengine / timm layouts) and strips a DataParallel ``module.`` prefix.
+    ``weights_only`` loading, with MMEngine runner checkpoints' data-only
+    types allowed. Accepts a raw state dict or one wrapped under
+    ``state_dict`` or ``model`` and strips a DataParallel ``module.`` prefix.
     """
+    allow_runner_checkpoint_types()
     if filename.startswith(('http://', 'https://')):
         ckpt = torch.hub.load_state_dict_from_url(
             filename, map_location=map_location, weights_only=True)
@@ -33,10 +38,7 @@ def read_checkpoint(filename: str, map_location: str = 'cpu') -> StateDict:
     if not isinstance(ckpt, dict):
         raise TypeError(f'{filename} holds a {type(ckpt).__name__}, '
                         'expected a state dict')
-    for wrapper in ('state_dict', 'model'):
-        if isinstance(ckpt.get(wrapper), dict):
-            ckpt = ckpt[wrapper]
-            break
+    ckpt = unwrap_state_dict(ckpt)
     if ckpt and all(k.startswith('module.') for k in ckpt):
         ckpt = {k[len('module.'):]: v for k, v in ckpt.items()}
     return ckpt

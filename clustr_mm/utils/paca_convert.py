@@ -133,6 +133,7 @@ def _fill(template: str, match: re.Match) -> str:
 def infer_paca_config(state: StateDict) -> dict:
     """``PaCaViT`` kwargs reproducing a converted (un-prefixed) state dict.
 
+    The arch is given by name when it is one of the zoo's, else as a dict.
     Head counts are not recorded in weights; every official model uses
     (2, 4, 8, 16), which is assumed.
     """
@@ -146,7 +147,12 @@ def infer_paca_config(state: StateDict) -> dict:
 
     embed_dims = [state[f'stages.{i}.norm.weight'].shape[0] for i in range(4)]
     depths = count(r'stages\.(\d+)\.blocks\.(\d+)\.')
-    arch = dict(embed_dims=embed_dims, num_heads=[2, 4, 8, 16], depths=depths)
+    mlp_ratios = [
+        state[f'stages.{i}.blocks.0.ffn.fc1.weight'].shape[0] // embed_dims[i]
+        for i in range(4)
+    ]
+    arch = dict(embed_dims=embed_dims, num_heads=[2, 4, 8, 16], depths=depths,
+                mlp_ratios=mlp_ratios)
     if any(k.startswith('teacher.') for k in state):
         arch['teacher_depths'] = count(r'teacher\.stages\.(\d+)\.(\d+)\.')
         clusters = [
@@ -154,7 +160,8 @@ def infer_paca_config(state: StateDict) -> dict:
             if f'teacher.to_clusters.{i}.weight' in state else 0
             for i in range(4)
         ]
-        return dict(arch=arch, clustering='teacher', num_clusters=clusters)
+        return dict(arch=_zoo_name(arch, 'teacher'), clustering='teacher',
+                    num_clusters=clusters)
 
     kind = 'conv' if any('.clustering.to_clusters.' in k
                          for k in state) else 'mlp'
@@ -169,19 +176,15 @@ def infer_paca_config(state: StateDict) -> dict:
         key = f'stages.{i}.blocks.0.attn.clustering.{last}.weight'
         clusters.append(state[key].shape[0] if key in state else 0)
     interval = 0 if owners <= {0} else min(owners - {0})
-    return dict(arch=arch, clustering=kind, num_clusters=clusters,
-                clustering_interval=interval)
+    return dict(arch=_zoo_name(arch, kind), clustering=kind,
+                num_clusters=clusters, clustering_interval=interval)
 
 
-def compare_state(converted: StateDict, reference: StateDict) -> dict:
-    """Key-by-key comparison of a converted dict against a model's own."""
-    matched = [k for k in converted
-               if k in reference and converted[k].shape == reference[k].shape]
-    mismatched = [
-        f'{k}: {tuple(v.shape)} vs model {tuple(reference[k].shape)}'
-        for k, v in converted.items()
-        if k in reference and v.shape != reference[k].shape
-    ]
-    return dict(matched=matched, mismatched=mismatched,
-                missing=[k for k in reference if k not in converted],
-                unexpected=[k for k in converted if k not in reference])
+def _zoo_name(arch: dict, clustering: str):
+    from ..models.backbones.paca import PaCaViT
+    for name in PaCaViT.arch_zoo:
+        named = PaCaViT._resolve_arch(name, clustering)
+        if all(list(named[k]) == list(v) for k, v in arch.items()):
+            return name
+    return arch
+

@@ -21,10 +21,12 @@ from collections import Counter
 
 import torch
 
-from clustr_mm.models.backbones.paca import PaCaViT
-from clustr_mm.utils.checkpoint import read_checkpoint
-from clustr_mm.utils.paca_convert import (compare_state, convert_paca_official,
-                                          infer_paca_config)
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', '..'))
+from clustr_mm.models.backbones.paca import PaCaViT  # noqa: E402
+from clustr_mm.utils.checkpoint import read_checkpoint  # noqa: E402
+from clustr_mm.utils.convert import compare_state_dicts  # noqa: E402
+from clustr_mm.utils.paca_convert import (  # noqa: E402
+    convert_paca_official, infer_paca_config)
 
 
 def parse_args(argv=None):
@@ -58,19 +60,19 @@ def main(argv=None) -> int:
     if args.num_heads:
         config['arch']['num_heads'] = args.num_heads
     model = PaCaViT(**config)
-    report = compare_state(converted, model.state_dict())
+    report = compare_state_dicts(converted, model.state_dict())
 
     print(f'model: PaCaViT({config})')
     print(f'matched: {len(report["matched"])}')
     _print_keys('missing (in model, not in checkpoint)', report['missing'])
     _print_keys('unexpected (converted, not in model)', report['unexpected'])
-    _print_keys('mismatched shapes', report['mismatched'])
+    _print_keys('mismatched shapes', report['shape_mismatch'])
     groups = Counter(k.split('.')[0] for k in skipped)
     print(f'not converted (source keys outside the backbone or unknown): '
           f'{len(skipped)} ' + ', '.join(f'{g}.*: {n}'
                                          for g, n in groups.items()))
     print(f'classification head: {"yes" if head else "no"}')
-    if report['missing'] or report['unexpected'] or report['mismatched']:
+    if report['missing'] or report['unexpected'] or report['shape_mismatch']:
         print('error: the converted weights do not fit the inferred model',
               file=sys.stderr)
         return 1

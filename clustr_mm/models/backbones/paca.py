@@ -387,6 +387,10 @@ class PaCaViT(BaseModule):
                 settings.update(cls.teacher_arch_zoo[arch])
         elif isinstance(arch, dict):
             settings = copy.deepcopy(arch)
+            unknown = set(settings) - {'embed_dims', 'num_heads', 'depths',
+                                       'mlp_ratios', 'teacher_depths'}
+            if unknown:
+                raise ValueError(f'arch dict has unknown keys {unknown}')
         else:
             raise ValueError(f'arch must be a str or dict, got {type(arch)}')
         required = ['embed_dims', 'num_heads', 'depths']
