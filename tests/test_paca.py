@@ -1,5 +1,6 @@
 """PaCa-ViT backbone: sizes, clustering semantics, loading and conversion."""
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -447,7 +448,7 @@ def test_converter_round_trip(clustering):
 def test_converter_cli_output_loads_with_prefix(tmp_path):
     import importlib.util
     spec = importlib.util.spec_from_file_location(
-        'paca_official_to_mm',
+        'paca_official_to_mm', Path(__file__).resolve().parents[1] /
         'tools/model_converters/paca_official_to_mm.py')
     cli = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cli)

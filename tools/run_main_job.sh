@@ -5,7 +5,7 @@
 #   bash tools/run_main_job.sh [CONFIG]
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-CONFIG="${1:-configs/clustr/mask-rcnn_clustr-t_fpn_tiny-coco.py}"
+CONFIG="${1:-configs/clustr/mask-rcnn_clustr-t_fpn_embedded-coco.py}"
 bash "$ROOT/tools/setup_env.sh"
 VENV="${CLUSTR_MM_VENV:-$ROOT/.venv}"
 cd "$ROOT"

@@ -122,3 +122,36 @@ def load_backbone_state(model: nn.Module,
             f'{type(model).__name__}: loaded {len(loadable)} of {len(own)} '
             'tensors; ' + '; '.join(lines), UserWarning, stacklevel=2)
     return report
+
+
+def init_backbone_weights(backbone, official_init: Callable[[nn.Module], None]
+                          ) -> None:
+    """Official from-scratch init, other ``init_cfg`` entries, then weights.
+
+    Replaces MMEngine's ``Pretrained`` handling for our backbones: a
+    ``Pretrained`` entry is read with the weights-only loader and applied last
+    through :func:`load_backbone_state`, so loaded weights are never
+    overwritten, shape-mismatched layers are re-initialised with
+    ``official_init`` and named in a warning, and a path or prefix that fills
+    nothing is an error instead of a silent from-scratch run.
+    """
+    from mmengine.model import initialize
+    from mmengine.model.weight_init import update_init_info
+    if backbone.is_init:
+        return
+    backbone.apply(official_init)
+    cfgs = backbone.init_cfg or []
+    cfgs = [cfgs] if isinstance(cfgs, dict) else list(cfgs)
+    others = [c for c in cfgs if c.get('type') != 'Pretrained']
+    if others:
+        initialize(backbone, others)
+    for cfg in cfgs:
+        if cfg.get('type') == 'Pretrained':
+            state = read_checkpoint(cfg['checkpoint'],
+                                    cfg.get('map_location', 'cpu'))
+            load_backbone_state(backbone, state, prefix=cfg.get('prefix'),
+                                reinit=lambda m: m.apply(official_init))
+    if hasattr(backbone, '_params_init_info'):  # set by a parent model
+        update_init_info(backbone, f'{type(backbone).__name__} official init '
+                         f'+ init_cfg {cfgs}')
+    backbone._is_init = True

@@ -7,11 +7,11 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 from mmengine.model import BaseModule
-from mmengine.model.weight_init import update_init_info
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...registry import register_model
+from ...utils.checkpoint import init_backbone_weights
 from ..layers import (ClusterAttention, ConvFFN, DropPath,
                       OverlapPatchEmbed)
 
@@ -231,13 +231,8 @@ class ClusTR(BaseModule):
                 nn.init.zeros_(m.bias)
 
     def init_weights(self):
-        """Official init first; then ``init_cfg`` (MMEngine applies a
-        ``Pretrained`` entry last, so loaded weights are never overwritten)."""
-        if not self.is_init:
-            self.apply(self._official_init)
-            if hasattr(self, '_params_init_info'):  # set by a parent model
-                update_init_info(self, 'official ClusTR init (init_weights)')
-        super().init_weights()
+        """Official init, then ``init_cfg`` (see :func:`init_backbone_weights`)."""
+        init_backbone_weights(self, self._official_init)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         if x.dim() != 4 or x.shape[1] != self.in_channels:

@@ -13,12 +13,12 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
-from mmengine.model import BaseModule, initialize
+from mmengine.model import BaseModule
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...registry import register_model
-from ...utils.checkpoint import load_backbone_state, read_checkpoint
+from ...utils.checkpoint import init_backbone_weights
 from ..layers import ConvFFN, DropPath
 from ..layers.soft_cluster import PaCaAttention, PointwiseConv
 
@@ -469,24 +469,5 @@ class PaCaViT(BaseModule):
         return self
 
     def init_weights(self) -> None:
-        """Official from-scratch init, then ``init_cfg`` on top of it.
-
-        A ``Pretrained`` entry is loaded last through
-        :func:`load_backbone_state`, so loaded weights are never overwritten
-        and layers the checkpoint cannot fill keep the fresh init.
-        """
-        if self._is_init:
-            return
-        self.apply(_init_like_official)
-        cfgs = self.init_cfg or []
-        cfgs = [cfgs] if isinstance(cfgs, dict) else list(cfgs)
-        pretrained = [c for c in cfgs if c.get('type') == 'Pretrained']
-        others = [c for c in cfgs if c.get('type') != 'Pretrained']
-        if others:
-            initialize(self, others)
-        for cfg in pretrained:
-            state = read_checkpoint(cfg['checkpoint'],
-                                    cfg.get('map_location', 'cpu'))
-            load_backbone_state(self, state, prefix=cfg.get('prefix'),
-                                reinit=lambda m: m.apply(_init_like_official))
-        self._is_init = True
+        """Official init, then ``init_cfg`` (see :func:`init_backbone_weights`)."""
+        init_backbone_weights(self, _init_like_official)
