@@ -2,12 +2,15 @@
 
 Importing the package registers every backbone in MMEngine's root ``MODELS``
 registry, so configs of mmpretrain, mmdet, mmseg and mmpose can build them by
-their plain names (``type='ClusTR'``), and lets torch's weights-only loader
-read MMEngine runner checkpoints (for ``--resume``).
+their plain names (``type='ClusTR'``), lets torch's weights-only loader read
+MMEngine runner checkpoints (for ``--resume``), and makes MMEngine's local
+checkpoint writes atomic (a killed run never leaves a truncated checkpoint).
 """
 __version__ = '0.1.0'
 
 from . import models  # noqa: E402,F401  (registers the models)
-from .utils import allow_runner_checkpoint_types  # noqa: E402
+from .utils.atomic_io import use_atomic_local_writes  # noqa: E402
+from .utils.safe_pickle import allow_runner_checkpoint_types  # noqa: E402
 
 allow_runner_checkpoint_types()
+use_atomic_local_writes()

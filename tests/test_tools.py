@@ -7,21 +7,26 @@ from conftest import run_tool
 
 import clustr_mm  # noqa: F401  (allow-lists runner checkpoint types)
 
-# (config, cfg-options that keep the run to seconds, metric printed by test.py)
+# Every task family, each backbone at least once:
+# name -> (config, cfg-options that keep the run to seconds, metric of test.py)
+EPOCH_1 = ['train_cfg.max_epochs=1', 'train_cfg.val_interval=1']
+ITER_4 = ['train_cfg.max_iters=4', 'train_cfg.val_interval=4',
+          'default_hooks.checkpoint.interval=4']
 FAMILIES = {
-    'mmpretrain': ('configs/clustr/clustr-t_embedded-imagenet.py',
-                   ['train_cfg.max_epochs=1', 'train_cfg.val_interval=1'],
+    'cls-clustr': ('configs/clustr/clustr-t_embedded-imagenet.py', EPOCH_1,
                    'accuracy/top1'),
-    'mmdet': ('configs/clustr/mask-rcnn_clustr-t_fpn_embedded-coco.py',
-              ['train_cfg.max_epochs=1', 'train_cfg.val_interval=1'],
-              'coco/segm_mAP'),
-    'mmseg': ('configs/clustr/fpn_clustr-t_embedded-ade20k.py',
-              ['train_cfg.max_iters=4', 'train_cfg.val_interval=4',
-               'default_hooks.checkpoint.interval=4'],
-              'mIoU'),
-    'mmpose': ('configs/clustr/td-hm_clustr-t_embedded-coco-wholebody.py',
-               ['train_cfg.max_epochs=1', 'train_cfg.val_interval=1'],
-               'coco-wholebody/AP'),
+    'cls-paca': ('configs/paca/paca-t_embedded-imagenet.py', EPOCH_1,
+                 'accuracy/top1'),
+    'mask-rcnn-clustr': ('configs/clustr/mask-rcnn_clustr-t_fpn_embedded-coco.py',
+                         EPOCH_1, 'coco/segm_mAP'),
+    'retinanet-paca': ('configs/paca/retinanet_paca-t_embedded-coco.py',
+                       EPOCH_1, 'coco/bbox_mAP'),
+    'fpn-clustr': ('configs/clustr/fpn_clustr-t_embedded-ade20k.py', ITER_4,
+                   'mIoU'),
+    'upernet-paca': ('configs/paca/upernet_paca-t_embedded-ade20k.py', ITER_4,
+                     'mIoU'),
+    'pose-clustr': ('configs/clustr/td-hm_clustr-t_embedded-coco-wholebody.py',
+                    EPOCH_1, 'coco-wholebody/AP'),
 }
 
 
@@ -35,10 +40,10 @@ def _metrics(output):
     return dict(re.findall(r'([\w/.-]+)=([-\d.e]+)', line[-1].split(': ', 1)[1]))
 
 
-@pytest.mark.parametrize('library', sorted(FAMILIES))
-def test_train_then_test(library, tiny_data, tmp_path):
-    config, options, metric = FAMILIES[library]
-    work_dir = tmp_path / library
+@pytest.mark.parametrize('family', sorted(FAMILIES))
+def test_train_then_test(family, tiny_data, tmp_path):
+    config, options, metric = FAMILIES[family]
+    work_dir = tmp_path / family
     run_tool(['tools/train.py', config, '--work-dir', str(work_dir),
               '--cfg-options', *options])
     ckpt = _last_checkpoint(work_dir)
@@ -71,10 +76,14 @@ def test_resume_continues_from_checkpoint(tiny_data, tmp_path):
     assert bad.returncode != 0 and 'no checkpoint at' in bad.stdout
 
 
-def test_dist_train_two_cpu_processes(tiny_data, tmp_path):
-    config, options, _ = FAMILIES['mmseg']
+@pytest.mark.parametrize('family', ['fpn-clustr', 'mask-rcnn-clustr'])
+def test_dist_train_two_cpu_processes(family, tiny_data, tmp_path):
+    config, options, _ = FAMILIES[family]
+    if family == 'mask-rcnn-clustr':  # 8 images / (2 procs x 2) = 2 iters
+        options = options + ['train_cfg.val_interval=10']
     out = run_tool(['bash', 'tools/dist_train.sh', config, '2',
                     '--work-dir', str(tmp_path), '--cfg-options', *options],
                    python=False, env={'PORT': '29533'}).stdout
     assert 'launcher pytorch, world size 2' in out, out[-3000:]
-    assert _last_checkpoint(tmp_path).endswith('iter_4.pth')
+    assert _last_checkpoint(tmp_path).endswith(
+        ('iter_4.pth', 'epoch_1.pth'))

@@ -6,7 +6,10 @@ shape. Those layers are re-initialised and named in a warning; everything else
 must load, and a checkpoint that fills nothing is an error (the official code
 silently trained from scratch on a wrong path or prefix).
 """
+import functools
 import os
+import pickle
+import re
 import warnings
 from typing import Callable, Dict, Optional
 
@@ -28,13 +31,26 @@ def read_checkpoint(filename: str, map_location: str = 'cpu') -> StateDict:
     """
     allow_runner_checkpoint_types()
     if filename.startswith(('http://', 'https://')):
-        ckpt = torch.hub.load_state_dict_from_url(
-            filename, map_location=map_location, weights_only=True)
+        load = functools.partial(torch.hub.load_state_dict_from_url, filename)
     elif os.path.isfile(filename):
-        ckpt = torch.load(
-            filename, map_location=map_location, weights_only=True)
+        load = functools.partial(torch.load, filename)
     else:
         raise FileNotFoundError(f'checkpoint file not found: {filename}')
+    try:
+        ckpt = load(map_location=map_location, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError,
+            ValueError) as e:
+        unsafe = re.search(r'(?:Unsupported global: |unsupported )GLOBAL (\S+)',
+                           str(e))
+        if unsafe:
+            raise pickle.UnpicklingError(
+                f'refusing to load {filename}: it pickles {unsafe.group(1)}, '
+                'which could run code on load. Only tensors and plain data '
+                'are loaded; re-save the weights alone if you trust the file.'
+            ) from None
+        raise ValueError(
+            f'cannot read checkpoint {filename}: truncated, corrupt or not a '
+            f'torch checkpoint ({type(e).__name__}: {e})') from e
     if not isinstance(ckpt, dict):
         raise TypeError(f'{filename} holds a {type(ckpt).__name__}, '
                         'expected a state dict')

@@ -35,14 +35,13 @@ def main():
     sys.path.insert(0, osp.join(osp.dirname(__file__), '..', '..'))
     from clustr_mm.models.backbones.clustr import ClusTR
     from clustr_mm.utils import (compare_state_dicts, convert_clustr_official,
-                                 infer_clustr_arch, unwrap_state_dict)
+                                 infer_clustr_arch)
+    from clustr_mm.utils.checkpoint import read_checkpoint
 
     if not osp.isfile(args.src):
         sys.exit(f'error: checkpoint not found: {args.src}')
-    # weights_only: a downloaded checkpoint must not run arbitrary code.
-    checkpoint = torch.load(args.src, map_location='cpu', weights_only=True)
-    converted, unmatched = convert_clustr_official(
-        unwrap_state_dict(checkpoint))
+    # Weights-only: a downloaded checkpoint must not run arbitrary code.
+    converted, unmatched = convert_clustr_official(read_checkpoint(args.src))
     arch = args.arch or infer_clustr_arch(converted)
 
     backbone = ClusTR(arch)

@@ -1,0 +1,46 @@
+"""Show that a config learns: evaluate the freshly initialised model, train,
+evaluate again, and compare the library's own metric.
+
+    python tools/analysis/learning_check.py CONFIG --metric KEY [--min-gain G]
+        [--work-dir DIR] [--cfg-options k=v ...]
+
+Meant for the ``*_embedded-*`` configs (minutes on a CPU). Exits 1 when the
+metric did not rise by at least ``--min-gain``.
+"""
+import argparse
+import json
+import os.path as osp
+import sys
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+
+import clustr_mm  # noqa: E402,F401
+from clustr_mm.utils.launch import (add_common_args, build_runner,  # noqa: E402
+                                    load_config)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_common_args(parser)
+    parser.add_argument('--metric', required=True,
+                        help='metric key, e.g. coco/bbox_mAP or mIoU')
+    parser.add_argument('--min-gain', type=float, default=0.0,
+                        help='required rise of the metric (default: any)')
+    args = parser.parse_args(argv)
+    cfg = load_config(args)
+    runner = build_runner(cfg)
+    runner._init_model_weights()  # what train() does first; it is idempotent
+    start = runner.val_loop.run()
+    runner.train()
+    end = runner.val_loop.run()
+    if args.metric not in start or args.metric not in end:
+        raise KeyError(f'metric {args.metric!r} not computed; got {sorted(end)}')
+    gain = end[args.metric] - start[args.metric]
+    summary = dict(config=args.config, metric=args.metric,
+                   start=start[args.metric], end=end[args.metric], gain=gain)
+    print('[learning] ' + json.dumps(summary))
+    return 0 if gain >= args.min_gain and gain > 0 else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())
