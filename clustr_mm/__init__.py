@@ -8,7 +8,7 @@ checkpoint writes atomic (a killed run never leaves a truncated checkpoint).
 """
 __version__ = '0.1.0'
 
-from . import models  # noqa: E402,F401  (registers the models)
+from . import engine, models  # noqa: E402,F401  (registers hooks, models)
 from .utils.atomic_io import use_atomic_local_writes  # noqa: E402
 from .utils.safe_pickle import allow_runner_checkpoint_types  # noqa: E402
 

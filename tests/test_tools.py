@@ -1,9 +1,13 @@
 """End-to-end runs of tools/train.py, tools/test.py and dist_train.sh."""
+import json
 import re
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
-from conftest import run_tool
+from conftest import ROOT, run_tool
 
 import clustr_mm  # noqa: F401  (allow-lists runner checkpoint types)
 
@@ -87,3 +91,43 @@ def test_dist_train_two_cpu_processes(family, tiny_data, tmp_path):
     assert 'launcher pytorch, world size 2' in out, out[-3000:]
     assert _last_checkpoint(tmp_path).endswith(
         ('iter_4.pth', 'epoch_1.pth'))
+
+
+def _losses(work_dir):
+    """(iter, loss) pairs of the newest run in ``work_dir``."""
+    runs = sorted(p for p in work_dir.iterdir() if p.is_dir())
+    lines = (runs[-1] / 'vis_data' / 'scalars.json').read_text().splitlines()
+    return [(r['iter'], r['loss']) for r in map(json.loads, lines)
+            if 'loss' in r]
+
+
+def test_killed_run_resumes_to_the_uninterrupted_result(tiny_data, tmp_path):
+    config = 'configs/clustr/clustr-t_embedded-imagenet.py'
+    opts = ['--cfg-options', 'train_cfg.max_epochs=3',
+            'train_cfg.val_interval=100', 'randomness.seed=0',
+            'default_hooks.checkpoint.interval=1',
+            'default_hooks.checkpoint.max_keep_ckpts=3',
+            'default_hooks.logger.interval=1']
+    full, killed = tmp_path / 'full', tmp_path / 'killed'
+    run_tool(['tools/train.py', config, '--work-dir', str(full), *opts])
+
+    proc = subprocess.Popen(
+        [sys.executable, 'tools/train.py', config, '--work-dir', str(killed),
+         *opts], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (killed / 'epoch_1.pth').exists() and time.time() < deadline:
+        assert proc.poll() is None, 'training ended before it could be killed'
+        time.sleep(0.05)
+    proc.kill()  # SIGKILL during epoch 2: no clean-up code runs
+    proc.wait()
+    assert not (killed / 'epoch_3.pth').exists()
+
+    run_tool(['tools/train.py', config, '--work-dir', str(killed), '--resume',
+              *opts])
+    resumed = _losses(killed)
+    assert resumed and resumed[0][0] > 4  # continued after epoch 1 (4 iters)
+    assert resumed == [p for p in _losses(full) if p[0] >= resumed[0][0]]
+    a = torch.load(full / 'epoch_3.pth', map_location='cpu')['state_dict']
+    b = torch.load(killed / 'epoch_3.pth', map_location='cpu')['state_dict']
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)

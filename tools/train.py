@@ -4,7 +4,9 @@
     bash tools/dist_train.sh CONFIG GPUS [args]       # torchrun; CPU: gloo
 """
 import argparse
+import os
 import os.path as osp
+import re
 import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
@@ -33,6 +35,22 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+def latest_checkpoint(work_dir):
+    """The checkpoint to resume from: the one ``last_checkpoint`` names, or,
+    if a run was killed between writing a checkpoint and that pointer, the
+    newest ``epoch_N``/``iter_N`` file (complete: writes are atomic)."""
+    pointer = osp.join(work_dir, 'last_checkpoint')
+    if osp.isfile(pointer):
+        with open(pointer) as f:
+            named = f.read().strip()
+        if osp.isfile(named):
+            return named
+    found = [(int(m.group(2)), m.group(1) == 'iter', name)
+             for name in (os.listdir(work_dir) if osp.isdir(work_dir) else [])
+             for m in [re.fullmatch(r'(epoch|iter)_(\d+)\.pth', name)] if m]
+    return osp.join(work_dir, max(found)[2]) if found else None
+
+
 def main(argv=None):
     args = parse_args(argv)
     cfg = load_config(args)
@@ -54,8 +72,19 @@ def main(argv=None):
                 'auto_scale_lr = dict(base_batch_size=...) to the config')
         cfg.auto_scale_lr.enable = True
 
+    # Checkpoints carry the RNG states, so a resumed run continues exactly.
+    hooks = cfg.get('custom_hooks') or []
+    if not any(h.get('type') == 'RandomStateHook' for h in hooks):
+        cfg.custom_hooks = [*hooks, dict(type='RandomStateHook')]
+
     if args.resume == 'auto':
-        cfg.resume, cfg.load_from = True, None
+        latest = latest_checkpoint(cfg.work_dir)
+        if latest is None:
+            print(f'[train] --resume: no checkpoint in {cfg.work_dir}, '
+                  'starting from scratch', flush=True)
+        else:
+            print(f'[train] --resume: continuing from {latest}', flush=True)
+            cfg.resume, cfg.load_from = True, latest
     elif args.resume is not None:
         if not osp.isfile(args.resume):
             raise FileNotFoundError(f'--resume: no checkpoint at {args.resume}')

@@ -1,26 +1,58 @@
 """FLOP counting that includes attention and clustering work.
 
-``mmengine.analysis.FlopAnalyzer`` (fvcore's jit-trace counter, one
-multiply-add = one FLOP) counts convolutions, linears and matmuls but has no
-handle for fused attention, so attention-heavy models look cheaper than they
-are. We add handles, under the same one-MAC-one-FLOP convention:
+Convention: ``mmengine.analysis.FlopAnalyzer`` (fvcore's jit-trace counter):
+one multiply-add is one FLOP; convolutions, linears, matmuls/bmm, einsum,
+norms, pooling and upsampling are counted; element-wise activations, softmax
+and data movement are not. This is the convention of the FLOP tables of
+PVT, Swin, PaCa-ViT and mmdet/mmseg's ``get_flops``. On top of it:
 
-- ``aten::scaled_dot_product_attention``: ``B*H*N*M*(d_k + d_v)`` (q k^T and
-  the weighted sum of v); the softmax is not counted, as for any other model.
+- ``aten::scaled_dot_product_attention`` (fused attention, which
+  ``FlopAnalyzer`` does not know): ``B*H*N*M*(d_k + d_v)``, i.e. ``q k^T``
+  and the weighted sum of ``v``; the softmax is not counted, as for any model.
 - ``aten::_native_multi_head_attention`` (``nn.MultiheadAttention``'s fused
-  inference path, used by peers such as PVTv2): the four projections plus the
-  attention products.
-- Clustering work, explicitly: the distance matrices of DPC-kNN are ``bmm``
-  (counted by the default handle); ``aten::topk`` and ``aten::sort`` count
-  one comparison per input element; ``aten::index_add``/``scatter_add`` (the
-  cluster merges) and ``aten::cdist`` count one FLOP per MAC they do.
+  inference path): the four projections plus the attention products.
+- ``aten::topk``/``aten::sort``: one comparison per input element;
+  ``aten::index_add``/``scatter_add``: one add per source element;
+  ``aten::cdist``: one multiply-add per pair and channel.
+- DPC-kNN clustering (ClusTR's reducer) is counted *analytically*, not from
+  the trace: its cost must not depend on the image, its loops are chunked
+  for memory, and one step is data dependent. Each :class:`DPCKNNClustering`
+  call on B images, C channels and a grid tiled into windows (exact mode:
+  one window per image) contributes, for G windows of n tokens that are
+  clustered into at most K centers (counts ``m_s`` per scale):
+
+  * ``clustering.distances`` = ``G * (n*n + n*K) * (C + 2)``: all squared
+    token-token distances (one GEMM of ``[x, |x|^2, 1]`` by
+    ``[-2x, 1, |x|^2]``, hence C + 2) and the token-center distances.
+  * ``clustering.selection`` = ``G * (2*n*n + n*k + 2*n + n*sum(m_s))``
+    comparisons: k-nearest-neighbour selection (n per row), the search for
+    the nearest denser token counted as a full scan of the distance matrix
+    (n per row, as the official code does it), the kNN density (k per
+    token), the two rankings (density, score; n each) and the nearest-center
+    choice (m_s per token and scale).
+  * ``clustering.merge`` = ``B * N * (C + 1)`` per clustered scale: the
+    weighted sums of the members and of their weights.
+
+  A scale whose cluster count equals the number of tokens of every window
+  is the identity (nothing is clustered, nothing counted). Windows whose
+  every clustered scale is the identity are skipped, as in the code. Not
+  counted: our implementation's distance recomputation for local density
+  peaks (data dependent, typically a few percent of the distances), the
+  index bookkeeping, and the ``exp`` of the token weights.
+
+:func:`analyze_flops` runs the count and sorts it into parts of the model
+(patch embedding, attention projections, attention products, clustering,
+MLP, neck, heads); :func:`count_flops` is the per-operator shortcut.
 """
-from collections import Counter
-from typing import Sequence
+from collections import Counter, OrderedDict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from mmengine.analysis import FlopAnalyzer
 from mmengine.analysis.jit_handles import get_shape
+from torch import nn
 
 
 def _prod(shape):
@@ -72,22 +104,292 @@ EXTRA_HANDLES = {
     'aten::cdist': cdist_flop,
 }
 
+# Operator names of the attention products (FlopAnalyzer's names).
+ATTENTION_PRODUCT_OPS = ('scaled_dot_product_attention',
+                         '_native_multi_head_attention', 'matmul', 'bmm',
+                         'baddbmm', 'einsum')
+CLUSTERING_OPS = ('clustering.distances', 'clustering.selection',
+                  'clustering.merge')
 
-def flop_analyzer(model: torch.nn.Module, inputs) -> FlopAnalyzer:
+
+def flop_analyzer(model: nn.Module, inputs) -> FlopAnalyzer:
     """A FlopAnalyzer with the attention and clustering handles registered."""
     analyzer = FlopAnalyzer(model, inputs)
     analyzer.set_op_handle(**EXTRA_HANDLES)
     analyzer.unsupported_ops_warnings(False)
     analyzer.uncalled_modules_warnings(False)
+    analyzer.tracer_warnings('none')
     return analyzer
 
 
-def count_flops(model: torch.nn.Module, shape: Sequence[int]) -> Counter:
+# --------------------------------------------------------------------------
+# DPC-kNN, counted analytically
+
+
+def _is_dpc_knn(module: nn.Module) -> bool:
+    """DPC-kNN reducers (also the ``DPCKNN`` token reducer, a subclass)."""
+    from ..models.layers.token_clustering import DPCKNNClustering
+    return isinstance(module, DPCKNNClustering)
+
+
+def dpc_knn_flops(reducer: nn.Module, batch: int, channels: int,
+                  hw: Tuple[int, int]) -> Counter:
+    """FLOPs of one DPC-kNN reducer call (see the module docstring).
+
+    Args:
+        reducer: A :class:`DPCKNNClustering` (its ``window_size``,
+            ``sr_ratio``, ``scale_factors`` and ``k`` are read).
+        batch, channels: B and C of the (B, H*W, C) tokens.
+        hw: (H, W) of the token grid.
+
+    Returns:
+        Counter with ``clustering.distances``, ``clustering.selection`` and
+        ``clustering.merge``.
+    """
+    from ..models.layers.token_clustering import WindowLayout
+    h, w = int(hw[0]), int(hw[1])
+    layout = WindowLayout((h, w), reducer.window_size, reducer.sr_ratio,
+                          reducer.scale_factors)
+    todo = [s for s, ident in enumerate(layout.identity) if not ident]
+    out = Counter(dict.fromkeys(CLUSTERING_OPS, 0))
+    if not todo:
+        return out
+    c, k = channels, reducer.k
+    for rb, cb, counts in layout.groups:
+        n = rb.size * cb.size
+        counts = [counts[s] for s in todo]
+        if all(cnt == n for cnt in counts):
+            continue  # every clustered scale is the identity here
+        g = batch * rb.count * cb.count
+        big_k = max(counts)
+        out['clustering.distances'] += g * (n * n + n * big_k) * (c + 2)
+        out['clustering.selection'] += g * (2 * n * n + n * min(k, n) +
+                                            2 * n + n * sum(counts))
+    out['clustering.merge'] += len(todo) * batch * h * w * (c + 1)
+    return out
+
+
+# --------------------------------------------------------------------------
+# Tracing helpers
+
+
+def _int_sizes(module, args, kwargs):
+    """Forward pre-hook: (H, W) tuples traced as 0-dim tensors -> ints.
+
+    Under ``torch.jit.trace`` ``x.shape[i]`` is a 0-dim tensor, which Python
+    code that computes window layouts from ``hw`` cannot use. The trace is
+    only used for counting, so freezing the sizes is harmless.
+    """
+    if not torch.jit.is_tracing():
+        return None
+
+    def fix(a):
+        if (isinstance(a, (tuple, list)) and a
+                and all(isinstance(t, torch.Tensor) and t.dim() == 0
+                        and not t.is_floating_point() for t in a)):
+            return type(a)(int(t) for t in a)
+        return a
+
+    return (tuple(fix(a) for a in args),
+            {k: fix(v) for k, v in kwargs.items()})
+
+
+def _grid_arg(args, kwargs):
+    """The (H, W) argument of a reducer call: ``hw=`` or the first tuple."""
+    if 'hw' in kwargs:
+        return kwargs['hw']
+    for a in args[1:]:
+        if isinstance(a, (tuple, list)) and len(a) == 2:
+            return a
+    raise ValueError('cannot find the (H, W) argument of a DPC-kNN call')
+
+
+@contextmanager
+def _counting_hooks(model: nn.Module, calls: List[tuple]):
+    """Install the size pre-hooks and the DPC-kNN recorders for one trace."""
+    names = {id(m): n for n, m in model.named_modules()}
+    handles = []
+
+    def record(module, args, kwargs, output):
+        x = kwargs['x'] if 'x' in kwargs else args[0]
+        b, _, c = (int(s) for s in x.shape)
+        hw = tuple(int(s) for s in _grid_arg(args, kwargs))
+        calls.append((names[id(module)], module, b, c, hw))
+
+    try:
+        for m in model.modules():
+            handles.append(
+                m.register_forward_pre_hook(_int_sizes, with_kwargs=True))
+            if _is_dpc_knn(m):
+                handles.append(
+                    m.register_forward_hook(record, with_kwargs=True))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+# --------------------------------------------------------------------------
+# Sorting counts into parts of the model
+
+KINDS = ('embedding', 'attention projections', 'attention products',
+         'clustering', 'mlp', 'other')
+_KIND_BY_NAME = {
+    'clustering': 'clustering', 'cluster': 'clustering',
+    'cluster_norm': 'clustering', 'weight_layer': 'clustering',
+    'teacher': 'clustering',
+    'attn': 'attention projections', 'attention': 'attention projections',
+    'self_attn': 'attention projections',
+    'mlp': 'mlp', 'ffn': 'mlp', 'ffns': 'mlp',
+    'patch_embed': 'embedding', 'patch_embeds': 'embedding',
+    'stem': 'embedding', 'downsample': 'embedding',
+    'downsamples': 'embedding',
+}
+
+
+def _kind(path: List[str], modules: Dict[str, nn.Module], op: str) -> str:
+    """Kind of an operator run directly by the module at ``path``."""
+    if op in CLUSTERING_OPS:
+        return 'clustering'
+    for depth in range(len(path), 0, -1):
+        kind = _KIND_BY_NAME.get(path[depth - 1])
+        if kind is None:
+            continue
+        if kind == 'attention projections' and op in ATTENTION_PRODUCT_OPS:
+            owner = modules.get('.'.join(path))
+            if op == 'bmm' and getattr(owner, 'num_clusters', 0):
+                return 'clustering'  # PaCa: assignment @ tokens
+            return 'attention products'
+        return kind
+    return 'other'
+
+
+@dataclass
+class FlopReport:
+    """Result of :func:`analyze_flops`; all counts in FLOPs (= MACs)."""
+    total: int
+    by_operator: Counter
+    by_part: 'OrderedDict[str, int]'
+    by_module: Dict[str, Counter] = field(repr=False)
+    uncounted_ops: Counter = field(default_factory=Counter)
+
+    def part(self, *prefixes: str) -> int:
+        return sum(v for k, v in self.by_part.items()
+                   if k.startswith(prefixes))
+
+    def kind(self, kind: str) -> int:
+        """One kind summed over all parts, e.g. ``'clustering'``."""
+        return sum(v for k, v in self.by_part.items()
+                   if k.split('/')[-1] == kind)
+
+    @property
+    def without_attention_and_clustering(self) -> int:
+        """The count without attention products and clustering: the
+        convention of the ClusTR paper's FLOP figures."""
+        return (self.total - self.kind('attention products') -
+                self.kind('clustering'))
+
+
+def _part_of(name: str, has_backbone: bool) -> Tuple[str, List[str]]:
+    path = name.split('.') if name else []
+    if not has_backbone:
+        return 'backbone', path
+    if not path:
+        return 'other', path
+    if path[0] == 'backbone':
+        return 'backbone', path
+    if path[0].startswith('neck'):
+        return 'neck', path
+    return 'heads', path
+
+
+def analyze_flops(model: nn.Module,
+                  inputs: Union[torch.Tensor, Tuple],
+                  forward: Optional[Callable] = None) -> FlopReport:
+    """Count the FLOPs of one forward of ``model`` (no grad, current mode).
+
+    Args:
+        model: The module to trace. Module names in the report are relative
+            to it; when it has a ``backbone`` child, the counts are split into
+            backbone (by kind), neck and heads.
+        inputs: Positional inputs of the traced call.
+        forward: Optional replacement of ``model.forward`` for the trace
+            (e.g. a detector's tensor path); restored afterwards.
+    """
+    inputs = inputs if isinstance(inputs, tuple) else (inputs, )
+    calls: List[tuple] = []
+    saved = model.__dict__.get('forward')
+    if forward is not None:
+        model.forward = forward
+    try:
+        with _counting_hooks(model, calls), torch.no_grad():
+            analyzer = flop_analyzer(model, inputs)
+            per_module = {k: Counter(v) for k, v in
+                          analyzer.by_module_and_operator().items()}
+            uncounted = Counter(analyzer.unsupported_ops())
+            for name, *_ in calls:  # ops inside DPC-kNN: counted analytically
+                uncounted.subtract(analyzer.unsupported_ops(name))
+            uncounted = +uncounted
+    finally:
+        if forward is not None:
+            if saved is None:
+                del model.forward
+            else:
+                model.forward = saved
+
+    # Replace the traced count of every DPC-kNN call by the analytic one.
+    reducers = {name for name, *_ in calls}
+    analytic: Dict[str, Counter] = {name: Counter() for name in reducers}
+    for name, module, b, c, hw in calls:
+        analytic[name].update(dpc_knn_flops(module, b, c, hw))
+    for name in reducers:
+        delta = Counter(analytic[name])
+        delta.subtract(per_module.get(name, Counter()))
+        parts = name.split('.')
+        for i in range(len(parts) + 1):
+            anc = '.'.join(parts[:i])
+            if anc in per_module:
+                per_module[anc].update(delta)
+                per_module[anc] = +per_module[anc]  # drop zeros
+        for sub in list(per_module):
+            if sub.startswith(name + '.'):
+                per_module[sub] = Counter()
+
+    # Exclusive counts per module -> (part, kind).
+    modules = dict(model.named_modules())
+    has_backbone = 'backbone' in modules
+    children: Dict[str, List[str]] = {}
+    for name in per_module:
+        if name:
+            parent = name.rsplit('.', 1)[0] if '.' in name else ''
+            children.setdefault(parent, []).append(name)
+    by_part: Dict[str, int] = Counter()
+    for name, counts in per_module.items():
+        own = Counter(counts)
+        for child in children.get(name, ()):
+            own.subtract(per_module[child])
+        part, path = _part_of(name, has_backbone)
+        for op, value in own.items():
+            if not value:
+                continue
+            key = (f'{part}/{_kind(path, modules, op)}'
+                   if part == 'backbone' else part)
+            by_part[key] += value
+    order = [f'backbone/{k}' for k in KINDS] + ['neck', 'heads', 'other']
+    ordered = OrderedDict((k, by_part[k]) for k in order if by_part.get(k))
+    total_ops = +per_module.get('', Counter())
+    return FlopReport(
+        total=sum(total_ops.values()), by_operator=total_ops,
+        by_part=ordered, by_module=per_module, uncounted_ops=uncounted)
+
+
+def count_flops(model: nn.Module, shape: Sequence[int]) -> Counter:
     """FLOPs of one ``model(x)`` with ``x`` of ``shape``, by operator."""
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
-            return Counter(flop_analyzer(model, torch.zeros(*shape)).by_operator())
+        gen = torch.Generator().manual_seed(0)
+        x = torch.rand(*shape, generator=gen)
+        return analyze_flops(model, x).by_operator
     finally:
         model.train(was_training)

@@ -25,7 +25,8 @@ def _numpy_types():
              np.core.multiarray.scalar]
     # numpy >= 1.25 pickles dtypes as instances of per-type classes.
     types += [type(np.dtype(t)) for t in (
-        np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8,
+        np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
+        np.uint32, np.uint64,
         np.float16, np.float32, np.float64)]
     return types
 

@@ -30,11 +30,12 @@ val_dataloader = dict(
     dataset=dict(pipeline=val_pipeline))
 test_dataloader = val_dataloader
 
-max_epochs = 10
+max_epochs = 40
 train_cfg = dict(max_epochs=max_epochs, val_interval=max_epochs)
+optim_wrapper = dict(optimizer=dict(lr=2e-3))
 param_scheduler = [
     dict(type='LinearLR', begin=0, end=5, start_factor=0.1, by_epoch=False),
-    dict(type='MultiStepLR', begin=0, end=max_epochs, milestones=[8],
+    dict(type='MultiStepLR', begin=0, end=max_epochs, milestones=[35],
          gamma=0.1, by_epoch=True),
 ]
 default_hooks = dict(

@@ -3,12 +3,17 @@
     python tools/analysis/benchmark.py --models clustr-s-exact clustr-s-window \
         paca-s pvtv2-b2 swin-t resnet50 --sizes 224 512 800x1344 \
         [--batch 1] [--threads 2] [--runs 5] [--train-step] [--flops] \
-        [--breakdown] [--out results.json]
+        [--breakdown] [--out results.json] [--plot plot.png] \
+        [--max-size clustr-s-exact=640]
 
 Every (model, size) is measured in a fresh child process, so peak memory is
 that of one forward pass (the kernel's peak RSS during the first forward
 minus the RSS before it) and no measurement is polluted by an earlier one. Latency is the median
 of ``--runs`` forwards after one warm-up. Peers come from the installed mmdet.
+``--max-size MODEL=S`` skips a model's inputs larger than S x S pixels (exact
+ClusTR is quadratic in the tokens); ``--plot`` draws latency and peak memory
+against the input side with log-log scaling exponents
+(``tools/analysis/plot_benchmark.py``, which also replots a saved JSON).
 """
 import argparse
 import json
@@ -56,7 +61,10 @@ def build(name):
     cfg = dict(MODELS[name])
     registry = DET if cfg['type'].startswith('mmdet.') else ROOT
     cfg['type'] = cfg['type'].split('.')[-1]
-    return registry.build(cfg).eval()
+    model = registry.build(cfg)
+    # not `return model.eval()`: mmdet's Swin/ResNet train() returns None
+    model.eval()
+    return model
 
 
 def _status_mb(field):
@@ -193,6 +201,11 @@ def main():
     parser.add_argument('--timeout', type=int, default=1800,
                         help='seconds per (model, size) child')
     parser.add_argument('--out', help='write all results as JSON here')
+    parser.add_argument('--plot', metavar='PNG',
+                        help='draw latency and memory versus input size here')
+    parser.add_argument('--max-size', nargs='+', default=[],
+                        metavar='MODEL=S',
+                        help='skip inputs above S x S pixels for MODEL')
     parser.add_argument('--worker', nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -201,12 +214,26 @@ def main():
         print('RESULT ' + json.dumps(result))
         return
 
+    max_pixels = {}
+    for item in args.max_size:
+        name, _, size = item.partition('=')
+        if name not in MODELS or not size:
+            parser.error(f'--max-size takes MODEL=S, got {item!r}')
+        h, w = parse_size(size)
+        max_pixels[name] = h * w
+
     results = []
     head = (f'{"model":16s} {"size":>9s} {"params(M)":>9s} {"latency(s)":>10s} '
             f'{"peak(MB)":>9s} {"train(s)":>8s} {"GFLOPs":>7s} {"GFLOP/s":>8s}')
     print(head)
     for size in map(parse_size, args.sizes):
         for name in args.models:
+            if size[0] * size[1] > max_pixels.get(name, float('inf')):
+                results.append(dict(model=name, size=f'{size[0]}x{size[1]}',
+                                    skipped='above --max-size'))
+                print(f'{name:16s} {size[0]}x{size[1]:<5d}  skipped '
+                      '(--max-size)', flush=True)
+                continue
             r = run_child(name, size, args)
             results.append(r)
             if 'error' in r:
@@ -225,6 +252,11 @@ def main():
         with open(args.out, 'w') as f:
             json.dump(results, f, indent=1)
         print(f'wrote {args.out}')
+    if args.plot:
+        sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+        from plot_benchmark import plot
+        plot(results, args.plot)
+        print(f'wrote {args.plot}')
 
 
 if __name__ == '__main__':

@@ -28,6 +28,8 @@ def main(argv=None):
                         help='required rise of the metric (default: any)')
     args = parser.parse_args(argv)
     cfg = load_config(args)
+    # Validate only before and after training (not also inside the loop).
+    cfg.train_cfg.val_begin = 2**31
     runner = build_runner(cfg)
     runner._init_model_weights()  # what train() does first; it is idempotent
     start = runner.val_loop.run()

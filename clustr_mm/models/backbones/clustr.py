@@ -1,9 +1,11 @@
 """ClusTR backbone ("ClusTR: Exploring efficient self-attention via
 clustering for vision transformers"): a four-stage pyramid whose attention
-takes its keys/values from DPC-kNN cluster tokens.
+takes its keys/values from DPC-kNN cluster tokens (or, per stage, from any
+registered token reducer: ``reducers``).
 """
+import copy
 import math
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from mmengine.model import BaseModule
@@ -17,17 +19,23 @@ from ..layers import (ClusterAttention, ConvFFN, DropPath,
 
 
 class ClusTRBlock(nn.Module):
-    """Pre-norm block: x + DropPath(Attn(LN(x))), x + DropPath(MLP(LN(x)))."""
+    """Pre-norm block: x + DropPath(Attn(LN(x))), x + DropPath(MLP(LN(x))).
+
+    ``reducer`` and ``compact_qv`` go to :class:`ClusterAttention`.
+    """
 
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float,
                  sr_ratio: int, drop_path: float = 0.0,
                  window_size: Optional[int] = None,
-                 max_chunk_elems: Optional[int] = None):
+                 max_chunk_elems: Optional[int] = None,
+                 reducer: Union[dict, None, str] = 'default',
+                 compact_qv: bool = False):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
         self.attn = ClusterAttention(
             dim, num_heads, sr_ratio, window_size=window_size,
-            max_chunk_elems=max_chunk_elems)
+            max_chunk_elems=max_chunk_elems, reducer=reducer,
+            compact_qv=compact_qv)
         self.drop_path = DropPath(drop_path)
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.mlp = ConvFFN(dim, int(dim * mlp_ratio))
@@ -71,6 +79,20 @@ class ClusTR(BaseModule):
         max_chunk_elems (int, optional): Largest distance-matrix chunk of the
             clustering, in elements; bounds its memory. Default None: 2**20
             on CPU (cache-sized, fastest), 2**26 on accelerators.
+        reducers (dict | Sequence[dict | None], optional): The key/value
+            token reducer per stage (see ``layers/reducers.py``). A dict is
+            used in every stage whose ``sr_ratio`` is > 1 (full attention
+            where it is 1); a sequence gives one entry per stage, None
+            meaning full attention. Each reducer is offered the stage's
+            ``dim``, ``sr_ratio``, ``num_heads`` and, in 'window' mode, its
+            ``window_size`` (plus ``max_chunk_elems``) unless its config sets
+            them. Default None: ClusTR, i.e. ``dict(type='DPCKNN',
+            scale_factors=(1, 4))``. E.g. ``dict(type='GridPool')`` is PVT's
+            spatial-reduction attention, ``dict(type='DPCKNN',
+            scale_factors=(1, ))`` single-scale clustering.
+        compact_qv (bool): Armour compact attention: values come from the
+            query projection (one C x C projection fewer per scale and
+            block). Default False.
         init_cfg (dict | list[dict], optional): MMEngine init config, e.g.
             ``dict(type='Pretrained', checkpoint=..., prefix='backbone.')``.
             Without one, the official initialisation is used.
@@ -98,6 +120,8 @@ class ClusTR(BaseModule):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  max_chunk_elems: Optional[int] = None,
+                 reducers: Union[dict, Sequence[Optional[dict]], None] = None,
+                 compact_qv: bool = False,
                  init_cfg: Optional[Union[dict, list]] = None):
         super().__init__(init_cfg=init_cfg)
         settings = self._parse_arch(arch)
@@ -115,6 +139,8 @@ class ClusTR(BaseModule):
                 f'got {clustering_mode!r}')
         self.clustering_mode = clustering_mode
         self.window_sizes = self._parse_window_size(window_size)
+        self.reducers = self._parse_reducers(reducers)
+        self.compact_qv = compact_qv
         self.out_indices = self._parse_out_indices(out_indices)
         if not -1 <= frozen_stages < self.num_stages:
             raise ValueError(f'frozen_stages must be in [-1, '
@@ -141,7 +167,8 @@ class ClusTR(BaseModule):
             self.stages.append(nn.ModuleList([
                 ClusTRBlock(dim, self.num_heads[i], self.mlp_ratios[i],
                             self.sr_ratios[i], dpr[cur + j], window,
-                            max_chunk_elems) for j in range(depth)
+                            max_chunk_elems, self.reducers[i], compact_qv)
+                for j in range(depth)
             ]))
             self.norms.append(nn.LayerNorm(dim, eps=1e-6))
             cin, cur = dim, cur + depth
@@ -186,6 +213,24 @@ class ClusTR(BaseModule):
             raise ValueError(f'window_size must be positive ints, got '
                              f'{window_size}')
         return sizes
+
+    def _parse_reducers(self, reducers) -> List[Optional[dict]]:
+        """One reducer config (or None: full attention) per stage."""
+        if reducers is None:
+            reducers = dict(type='DPCKNN', scale_factors=(1, 4))
+        if isinstance(reducers, dict):
+            return [copy.deepcopy(dict(reducers)) if sr > 1 else None
+                    for sr in self.sr_ratios]
+        if isinstance(reducers, str) or not isinstance(reducers, Sequence):
+            raise ValueError('reducers must be a dict, a sequence of dicts / '
+                             f'None or None, got {reducers!r}')
+        reducers = list(reducers)
+        if len(reducers) != self.num_stages or not all(
+                r is None or isinstance(r, dict) for r in reducers):
+            raise ValueError(f'reducers needs {self.num_stages} entries, each '
+                             f'a dict or None, got {reducers!r}')
+        return [None if r is None else copy.deepcopy(dict(r))
+                for r in reducers]
 
     def _parse_out_indices(self, out_indices) -> Tuple[int, ...]:
         if isinstance(out_indices, int):

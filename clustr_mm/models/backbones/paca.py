@@ -2,10 +2,12 @@
 
 Four stages at strides 4/8/16/32. Each block is a pre-norm transformer block
 whose attention goes from the patch tokens to M soft cluster tokens
-(``layers/soft_cluster.py``); the last stage of the conv/mlp variants has no
-clusters and uses full self-attention. The "teacher" variant computes the
-assignments of every stage with a small ConvMixer + FPN network that runs on
-the stem output and whose stage features are added to the student's.
+(``SoftCluster`` in ``layers/reducers.py``); the last stage of the conv/mlp
+variants has no clusters and uses full self-attention. The "teacher" variant
+computes the assignments of every stage with a small ConvMixer + FPN network
+that runs on the stem output and whose stage features are added to the
+student's. Any registered token reducer can replace the soft clustering per
+stage (``reducers``).
 """
 import copy
 import math
@@ -20,7 +22,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from ...registry import register_model
 from ...utils.checkpoint import init_backbone_weights
 from ..layers import ConvFFN, DropPath
-from ..layers.soft_cluster import PaCaAttention, PointwiseConv
+from ..layers.cluster_attention import PaCaAttention
+from ..layers.reducers import PointwiseConv, assignment_map, reducer_class
 
 Tokens = Tuple[torch.Tensor, Tuple[int, int]]
 
@@ -71,14 +74,22 @@ class PaCaDownsample(nn.Module):
 
 
 class PaCaBlock(nn.Module):
-    """x + DropPath(PaCa(LN(x))), then x + DropPath(ConvFFN(LN(x)))."""
+    """x + DropPath(PaCa(LN(x))), then x + DropPath(ConvFFN(LN(x))).
+
+    ``reducer``, ``compact_qv`` and ``reducer_context`` go to
+    :class:`PaCaAttention`.
+    """
 
     def __init__(self, dim: int, num_heads: int, num_clusters: int,
-                 clustering: Optional[str], mlp_ratio: int, drop_path: float):
+                 clustering: Optional[str], mlp_ratio: int, drop_path: float,
+                 reducer: Optional[dict] = None, compact_qv: bool = False,
+                 reducer_context: Optional[dict] = None):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
         self.attn = PaCaAttention(
-            dim, num_heads, num_clusters, clustering, mlp_ratio=mlp_ratio)
+            dim, num_heads, num_clusters, clustering, mlp_ratio=mlp_ratio,
+            reducer=reducer, compact_qv=compact_qv,
+            reducer_context=reducer_context)
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.ffn = ConvFFN(dim, dim * mlp_ratio)
         self.drop_path = DropPath(drop_path)
@@ -262,8 +273,22 @@ class PaCaViT(BaseModule):
             be set on the instance later), every forward stores
             ``self.assignments``, one list per stage holding each distinct
             assignment map used in it as a detached (B, M, H, W) tensor
-            (empty for full-attention stages). Off by default, so the normal
-            path keeps nothing.
+            (soft) or (B, H, W) cluster ids (hard: DPCKNN, GridPool,
+            CentroidAttention reducers), empty for full-attention stages.
+            Off by default, so the normal path keeps nothing.
+        reducers (dict | Sequence[dict | None], optional): Key/value token
+            reducer per stage instead of the soft clustering (see
+            ``layers/reducers.py``; not with ``clustering='teacher'``). A
+            dict is used in every stage with clusters (``num_clusters`` > 0;
+            full attention elsewhere); a sequence gives one entry per stage
+            (None: full attention; stages with 0 clusters must have None).
+            Each reducer is offered the stage's ``dim``, ``num_heads``,
+            ``num_clusters``, ``mlp_ratio`` and ``sr_ratio`` (8, 4, 2, 1),
+            unless its config sets them. Reducers that cannot share their
+            assignment (all but SoftCluster) get one per block. Default
+            None: PaCa, i.e. ``dict(type='SoftCluster', net=clustering)``.
+        compact_qv (bool): Armour compact attention: values come from the
+            query projection (no ``v`` projection). Default False.
         init_cfg (dict | list, optional): mmengine init config. A
             ``Pretrained`` entry (optionally with ``prefix``) is loaded with
             :func:`clustr_mm.utils.checkpoint.load_backbone_state`, which
@@ -289,6 +314,8 @@ class PaCaViT(BaseModule):
     }
     clusterings = ('conv', 'mlp', 'teacher')
     num_stages = 4
+    # offered to reducers that size their summary by a reduction ratio
+    default_sr_ratios = (8, 4, 2, 1)
 
     def __init__(self,
                  arch: Union[str, Dict] = 'small',
@@ -301,6 +328,8 @@ class PaCaViT(BaseModule):
                  norm_eval: bool = False,
                  drop_path_rate: float = 0.0,
                  keep_assignments: bool = False,
+                 reducers: Union[Dict, Sequence[Optional[Dict]], None] = None,
+                 compact_qv: bool = False,
                  init_cfg: Optional[Union[Dict, List[Dict]]] = None):
         super().__init__(init_cfg=init_cfg)
         if clustering not in self.clusterings:
@@ -356,25 +385,64 @@ class PaCaViT(BaseModule):
             self.teacher = ConvMixerTeacher(embed_dims, arch['teacher_depths'],
                                             num_clusters)
 
+        self.reducers = self._parse_reducers(reducers, clustering,
+                                             num_clusters)
+        self.compact_qv = compact_qv
         rates = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
         self.stages = nn.ModuleList()
         for i in range(self.num_stages):
+            reducer = self.reducers[i]
+            cls = reducer_class(reducer)
             blocks = []
             for j in range(depths[i]):
                 if clustering == 'teacher':
-                    own = None
+                    own = False
+                elif cls is not None and not cls.shareable:
+                    own = True
                 elif clustering_interval == 0:
-                    own = clustering if j == 0 else None
+                    own = j == 0
                 else:
-                    own = clustering if j % clustering_interval == 0 else None
+                    own = j % clustering_interval == 0
                 blocks.append(
                     PaCaBlock(embed_dims[i], num_heads[i], num_clusters[i],
-                              own, mlp_ratios[i],
-                              rates[sum(depths[:i]) + j]))
+                              clustering if own else None, mlp_ratios[i],
+                              rates[sum(depths[:i]) + j],
+                              reducer=reducer if own else None,
+                              compact_qv=compact_qv,
+                              reducer_context=dict(
+                                  sr_ratio=self.default_sr_ratios[i])))
             downsample = (PaCaDownsample(embed_dims[i - 1], embed_dims[i])
                           if i > 0 else None)
             self.stages.append(PaCaStage(downsample, blocks, embed_dims[i]))
         self._freeze_stages()
+
+    def _parse_reducers(self, reducers, clustering: str,
+                        num_clusters: Sequence[int]) -> List[Optional[Dict]]:
+        """One reducer config (None: none of its own) per stage."""
+        if reducers is None:
+            if clustering == 'teacher':
+                return [None] * self.num_stages
+            reducers = dict(type='SoftCluster', net=clustering)
+        elif clustering == 'teacher':
+            raise ValueError("reducers does not apply to clustering="
+                             "'teacher' (the teacher assigns for every block)")
+        if isinstance(reducers, dict):
+            return [copy.deepcopy(dict(reducers)) if m > 0 else None
+                    for m in num_clusters]
+        if isinstance(reducers, str) or not isinstance(reducers, Sequence):
+            raise ValueError('reducers must be a dict, a sequence of dicts / '
+                             f'None or None, got {reducers!r}')
+        reducers = list(reducers)
+        if len(reducers) != self.num_stages or not all(
+                r is None or isinstance(r, dict) for r in reducers):
+            raise ValueError(f'reducers needs {self.num_stages} entries, each '
+                             f'a dict or None, got {reducers!r}')
+        for i, (r, m) in enumerate(zip(reducers, num_clusters)):
+            if r is not None and m == 0:
+                raise ValueError(f'reducers[{i}] is set but stage {i} has 0 '
+                                 'clusters (full attention)')
+        return [None if r is None else copy.deepcopy(dict(r))
+                for r in reducers]
 
     @classmethod
     def _resolve_arch(cls, arch: Union[str, Dict], clustering: str) -> Dict:
@@ -439,10 +507,8 @@ class PaCaViT(BaseModule):
                 x = x + _map_to_tokens(teacher_feats[i])
             x = stage.norm(x)
             if keep:
-                self.assignments.append([
-                    a.detach().reshape(a.shape[0], a.shape[1], *hw)
-                    for a in kept
-                ])
+                self.assignments.append(
+                    [assignment_map(a, hw) for a in kept])
             if i in self.out_indices:
                 # contiguous NCHW: necks and heads may call .view() on it
                 outs.append(_tokens_to_map(x, hw).contiguous())

@@ -364,9 +364,12 @@ class DPCKNNClustering(nn.Module):
                                          self.scale_factors, device))
         return self._layout[1]
 
-    def forward(self, x: torch.Tensor, w: torch.Tensor,
-                hw: Tuple[int, int]) -> List[torch.Tensor]:
-        """x: (B, N, C) tokens, w: (B, N, 1) weights -> per-scale (B, M, C)."""
+    def cluster(self, x: torch.Tensor, w: torch.Tensor, hw: Tuple[int, int]
+                ) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+        """Per-scale cluster tokens (B, M_s, C) and ids (B, N) of the tokens.
+
+        x: (B, N, C) tokens of the ``hw`` grid, w: (B, N, 1) weights.
+        """
         layout = self.layout(hw, x.device)
         ids = dpc_knn_assign(x.detach(), layout, self.k, self.max_chunk_elems)
         if self.record_assignments:
@@ -378,7 +381,16 @@ class DPCKNNClustering(nn.Module):
                     xf, wf, idx, total) for idx, ident, total in zip(
                         ids, layout.identity, layout.totals)
             ]
-        return [o.to(x.dtype) for o in out]
+        return [o.to(x.dtype) for o in out], ids
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor,
+                hw: Tuple[int, int]) -> List[torch.Tensor]:
+        """x: (B, N, C) tokens, w: (B, N, 1) weights -> per-scale (B, M, C).
+
+        (The registered reducer :class:`~.reducers.DPCKNN` wraps the same
+        computation in the common reducer interface ``(x, hw, weights)``.)
+        """
+        return self.cluster(x, w, hw)[0]
 
     def extra_repr(self) -> str:
         mode = ('exact' if self.window_size is None else

@@ -1,0 +1,3 @@
+from .random_state_hook import RandomStateHook
+
+__all__ = ['RandomStateHook']

@@ -1,0 +1,6 @@
+# PaCa-S with Armour compact attention: values come from the query
+# projection (queries from the patch tokens, values from the cluster tokens,
+# one shared weight): no v projection. No published counterpart.
+_base_ = '../paca/paca-s_8xb128_in1k.py'
+
+model = dict(backbone=dict(compact_qv=True))

@@ -1,0 +1,5 @@
+# PaCa-ViT paper ablation: PaCa-S (conv clustering) with (49, 49, 49, 0)
+# clusters per stage (0: full self-attention in that stage).
+_base_ = '../paca/paca-s_8xb128_in1k.py'
+
+model = dict(backbone=dict(num_clusters=(49, 49, 49, 0)))

@@ -1,0 +1,285 @@
+"""The analysis tools: FLOP counting against hand counts, get_flops on every
+library, and cluster pictures whose colours follow the assignments."""
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch import nn
+
+import clustr_mm  # noqa: F401
+from clustr_mm.models.layers import ClusterAttention, PaCaAttention
+from clustr_mm.utils.flops import analyze_flops, dpc_knn_flops
+
+from conftest import run_tool
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load_tool(name):
+    path = ROOT / 'tools' / 'analysis' / f'{name}.py'
+    spec = importlib.util.spec_from_file_location(f'_tool_{name}', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class OneBlock(nn.Module):
+    """An attention layer under the name ``attn``, on a fixed token grid."""
+
+    def __init__(self, attn, hw):
+        super().__init__()
+        self.attn, self.hw = attn, hw
+
+    def forward(self, x):
+        out = self.attn(x, self.hw)
+        return out[0] if isinstance(out, tuple) else out
+
+
+# --------------------------------------------------------------------------
+# FLOP counts by hand
+
+
+def test_cluster_attention_hand_count():
+    """ClusTR attention, C=32, 2 heads, sr=4 on an 8x8 grid: N=64 tokens,
+    DPC-kNN into m1 = 64 // 16 = 4 and m2 = 16 clusters (k = 5)."""
+    torch.manual_seed(0)
+    model = OneBlock(ClusterAttention(32, 2, sr_ratio=4), (8, 8)).eval()
+    report = analyze_flops(model, torch.randn(1, 64, 32))
+    ops = report.by_operator
+
+    q = proj = 64 * 32 * 32            # N C C
+    weight_layer = 64 * 32 * 1         # N C
+    kv1, kv2 = 4 * 32 * 64, 16 * 32 * 64  # M_s C 2C
+    assert ops['linear'] == q + weight_layer + kv1 + kv2 + proj
+    # SDPA: heads * N * M * (d_k + d_v), d = 16, per scale
+    sdpa = 2 * 64 * 4 * (16 + 16) + 2 * 64 * 16 * (16 + 16)
+    assert ops['scaled_dot_product_attention'] == sdpa
+    # DPC-kNN on one window of n = 64 tokens, K = 16 centres:
+    distances = (64 * 64 + 64 * 16) * (32 + 2)
+    selection = 2 * 64 * 64 + 64 * 5 + 2 * 64 + 64 * (4 + 16)
+    merge = 2 * 64 * (32 + 1)
+    assert ops['clustering.distances'] == distances == 174080
+    assert ops['clustering.selection'] == selection == 9920
+    assert ops['clustering.merge'] == merge
+    clustering = distances + selection + merge
+    assert report.total == (q + weight_layer + kv1 + kv2 + proj + sdpa +
+                            clustering)
+    # sorted into parts: the token-weight linear belongs to the clustering
+    assert report.by_part['backbone/attention projections'] == (
+        q + kv1 + kv2 + proj)
+    assert report.by_part['backbone/attention products'] == sdpa
+    assert report.by_part['backbone/clustering'] == clustering + weight_layer
+    assert report.without_attention_and_clustering == q + kv1 + kv2 + proj
+
+
+def test_paca_attention_hand_count():
+    """PaCa attention with its conv clustering: C=32, 2 heads, M=8 clusters,
+    8x8 grid (N=64)."""
+    torch.manual_seed(0)
+    model = OneBlock(PaCaAttention(32, 2, 8, 'conv'), (8, 8)).eval()
+    report = analyze_flops(model, torch.randn(1, 64, 32))
+
+    dwconv = 64 * 32 * 7 * 7           # depthwise 7x7: N C k^2
+    pwconv = 64 * 32 * 32              # 1x1 C->C
+    to_clusters = 64 * 32 * 8          # 1x1 C->M
+    merge = 8 * 64 * 32                # A (M x N) @ X (N x C)
+    cluster_norm = 8 * 32 * 5          # LayerNorm: 5 per element (mmengine)
+    q = proj = 64 * 32 * 32
+    k = v = 8 * 32 * 32                # from the M cluster tokens
+    sdpa = 2 * 64 * 8 * (16 + 16)
+    clustering = dwconv + pwconv + to_clusters + merge + cluster_norm
+    assert report.by_part['backbone/clustering'] == clustering
+    assert report.by_part['backbone/attention projections'] == q + k + v + proj
+    assert report.by_part['backbone/attention products'] == sdpa
+    assert report.by_operator['scaled_dot_product_attention'] == sdpa
+    assert report.by_operator['bmm'] == merge
+    assert report.total == clustering + q + k + v + proj + sdpa
+
+
+def test_one_block_clustr_backbone_hand_count():
+    """ClusTR with one block per stage at 64x64: grids 16x16, 8x8, 4x4, 2x2.
+    Stage 3's fine scale (4 * 16 // 4 = 16 = n) is the identity: nothing is
+    clustered for it; stage 4 is full attention."""
+    from mmengine.registry import MODELS
+    model = MODELS.build(dict(
+        type='ClusTR', arch=dict(embed_dims=(64, 128, 256, 512),
+                                 depths=(1, 1, 1, 1), num_heads=(1, 2, 4, 8),
+                                 mlp_ratios=(8, 8, 4, 4)))).eval()
+    report = analyze_flops(model, torch.rand(1, 3, 64, 64))
+    ops = report.by_operator
+    assert ops['clustering.distances'] == (
+        (256 * 256 + 256 * 16) * 66 +      # stage 1: n=256, C=64, K=16
+        (64 * 64 + 64 * 16) * 130 +        # stage 2: n=64, C=128, K=16
+        (16 * 16 + 16 * 4) * 258)          # stage 3: n=16, C=256, K=4
+    assert ops['clustering.selection'] == (
+        (2 * 256**2 + 256 * 5 + 2 * 256 + 256 * 20) +
+        (2 * 64**2 + 64 * 5 + 2 * 64 + 64 * 20) +
+        (2 * 16**2 + 16 * 5 + 2 * 16 + 16 * 4))
+    assert ops['clustering.merge'] == (2 * 256 * 65 + 2 * 64 * 129 +
+                                       1 * 16 * 257)
+    # SDPA: heads * N * (m1 + m2) * 2d; d = 64 in every stage
+    assert ops['scaled_dot_product_attention'] == (
+        1 * 256 * 20 * 128 + 2 * 64 * 20 * 128 + 4 * 16 * (4 + 16) * 128 +
+        8 * 4 * 4 * 128)
+    assert sum(report.by_part.values()) == report.total
+    # the analytic count replaced the traced one: no distance bmm is left
+    assert 'bmm' not in ops and 'topk' not in ops
+
+
+def test_dpc_knn_count_window_mode_tiles_the_grid():
+    """Window mode: a 10x7 grid in 4x4 windows = 2 full windows, 2 of 4x3
+    (right edge), one 2x4 (bottom) and one 2x3 (corner); sr=2, one scale
+    (m = n // 4 clusters per window), batch 2, C = 8."""
+    reducer = type('R', (), dict(window_size=4, sr_ratio=2,
+                                 scale_factors=(1, ), k=5))()
+    counts = dpc_knn_flops(reducer, batch=2, channels=8, hw=(10, 7))
+    windows = [(2, 16, 4), (2, 12, 3), (1, 8, 2), (1, 6, 1)]  # (#, n, m)
+    assert counts['clustering.distances'] == sum(
+        2 * g * (n * n + n * m) * 10 for g, n, m in windows)
+    assert counts['clustering.selection'] == sum(
+        2 * g * (2 * n * n + n * 5 + 2 * n + n * m) for g, n, m in windows)
+    assert counts['clustering.merge'] == 2 * 70 * 9
+
+
+# --------------------------------------------------------------------------
+# get_flops on the four libraries
+
+
+@pytest.mark.parametrize('config,shape,parts', [
+    ('configs/clustr/mask-rcnn_clustr-t_fpn_embedded-coco.py', (128, 160),
+     {'neck', 'heads'}),
+    ('configs/clustr/fpn_clustr-t_embedded-ade20k.py', None,
+     {'neck', 'heads'}),
+    ('configs/clustr/td-hm_clustr-t_embedded-coco-wholebody.py', None,
+     {'heads'}),
+    ('configs/paca/retinanet_paca-s_fpn_1x_coco.py', (128, 128),
+     {'neck', 'heads'}),
+])
+def test_get_flops_libraries(config, shape, parts):
+    tool = _load_tool('get_flops')
+    r = tool.get_flops(str(ROOT / config), shape)
+    assert r['flops'] > 0 and r['params'] > r['backbone_params'] > 0
+    assert sum(r['by_part'].values()) == r['flops']
+    assert parts <= set(r['by_part'])
+    assert r['by_part']['backbone/clustering'] > 0
+    assert r['by_part']['backbone/attention products'] > 0
+    if shape:
+        assert r['input'][2:] == list(shape)
+    if 'mask-rcnn' in config:
+        assert '1000 proposals' in r['counted']
+    if 'ade20k' in config:
+        assert r['input'][2:] == [128, 128]  # the config's crop size
+    if 'wholebody' in config:
+        assert r['input'][2:] == [128, 96]  # the codec's input size (H, W)
+
+
+def test_get_flops_cli(tmp_path):
+    out = tmp_path / 'flops.json'
+    proc = run_tool(['tools/analysis/get_flops.py',
+                     'configs/clustr/clustr-t_embedded-imagenet.py',
+                     '--json', str(out)], timeout=300)
+    assert 'FLOPs:' in proc.stdout and 'backbone: clustering' in proc.stdout
+    r = json.loads(out.read_text())
+    assert r['scope'] == 'mmpretrain' and r['input'] == [1, 3, 64, 64]
+    assert r['flops'] > r['flops_without_attention_and_clustering'] > 0
+
+
+# --------------------------------------------------------------------------
+# Cluster pictures
+
+
+def _cell_centres(panel):
+    """Picture coordinates of the centre of every token cell of a panel."""
+    x0, y0, x1, y1 = panel['box']
+    h, w = panel['hw']
+    ys = y0 + ((np.arange(h) + 0.5) * (y1 - y0) / h).astype(int)
+    xs = x0 + ((np.arange(w) + 0.5) * (x1 - x0) / w).astype(int)
+    return ys, xs
+
+
+def _check_hard_panel(pixels, panel, ids):
+    ys, xs = _cell_centres(panel)
+    colours = pixels[ys][:, xs].reshape(-1, 3)
+    ids = np.asarray(ids).reshape(-1)
+    by_id = {}
+    for i, c in zip(ids.tolist(), map(tuple, colours)):
+        by_id.setdefault(i, set()).add(c)
+    assert all(len(c) == 1 for c in by_id.values()), \
+        'a cluster got several colours'
+    per_id = [next(iter(c)) for c in by_id.values()]
+    assert len(set(per_id)) == len(per_id), 'two clusters share a colour'
+    # inside a token's cell, every pixel has the cell's colour
+    x0, y0, x1, y1 = panel['box']
+    cell = pixels[y0:y0 + (y1 - y0) // panel['hw'][0],
+                  x0:x0 + (x1 - x0) // panel['hw'][1]].reshape(-1, 3)
+    assert (cell == cell[0]).all()
+
+
+def test_render_colours_follow_assignments(tmp_path):
+    tool = _load_tool('visualize_clusters')
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 9, (6, 8), generator=gen)
+    ids[0, 0] = -1  # a token left out by its reducer
+    soft = torch.rand(3, 6, 8, generator=gen).softmax(0)
+    records = [dict(stage=0, block=0, hw=(6, 8), maps=[ids]),
+               dict(stage=1, block=2, hw=(6, 8), maps=[soft])]
+    image = Image.new('RGB', (80, 60), (10, 200, 30))
+    picture, panels = tool.render(image, records, tile=96, num_heatmaps=3,
+                                  title='test')
+    path = tmp_path / 'clusters.png'
+    picture.save(path)
+    pixels = np.asarray(Image.open(path).convert('RGB'))
+
+    kinds = [p['kind'] for p in panels]
+    assert kinds == ['image', 'hard', 'image', 'hard', 'soft', 'soft',
+                     'soft']
+    _check_hard_panel(pixels, panels[1], ids)
+    _check_hard_panel(pixels, panels[3], soft.argmax(0))  # PaCa's argmax
+    # heat maps: brighter colour <=> larger weight (inferno LUT position)
+    from matplotlib import colormaps
+    lut = colormaps['inferno'](np.linspace(0, 1, 256))[:, :3] * 255
+    for panel in panels[4:]:
+        ys, xs = _cell_centres(panel)
+        colours = pixels[ys][:, xs].reshape(-1, 3).astype(float)
+        pos = np.abs(colours[:, None] - lut[None]).sum(-1).argmin(1)
+        values = soft[panel['cluster']].numpy().reshape(-1)
+        order = np.argsort(values, kind='stable')
+        assert (np.diff(pos[order]) >= 0).all()
+        assert pos[order[0]] == 0 and pos[order[-1]] == 255
+
+
+def test_palette_distinct():
+    tool = _load_tool('visualize_clusters')
+    palette = tool.cluster_palette(3000)
+    assert len({tuple(c) for c in palette}) == 3000
+    assert tuple(tool.UNASSIGNED) not in {tuple(c) for c in palette}
+
+
+@pytest.mark.parametrize('config,kind', [
+    ('configs/clustr/clustr-t_embedded-imagenet.py', 'hard'),
+    ('configs/paca/paca-t_8xb128_in1k.py', 'soft'),
+])
+def test_visualize_clusters_end_to_end(tiny_data, tmp_path, config, kind):
+    tool = _load_tool('visualize_clusters')
+    image = sorted((tiny_data / 'imagenet' / 'val').glob('*.JPEG'))[0]
+    out = tmp_path / 'vis.png'
+    picture, panels, records = tool.main([
+        str(image), str(ROOT / config), '--out', str(out), '--shape', '64',
+        '64', '--tile', '64', '--blocks', '0', '-1'])
+    assert out.is_file()
+    pixels = np.asarray(Image.open(out).convert('RGB'))
+    # rows: stages 1-3 (stage 4 is full attention), first and last block
+    assert {(r['stage'], r['block']) for r in records} >= {(0, 0), (2, 0)}
+    assert all(r['stage'] < 3 for r in records)
+    hard = [p for p in panels if p['kind'] == 'hard']
+    assert hard and (kind == 'hard') == (
+        not any(p['kind'] == 'soft' for p in panels))
+    for panel in hard:
+        rec = next(r for r in records if (r['stage'], r['block']) == (
+            panel['stage'], panel['block']))
+        m = rec['maps'][panel['scale']]
+        _check_hard_panel(pixels, panel, m if m.dim() == 2 else m.argmax(0))

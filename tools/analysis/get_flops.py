@@ -1,0 +1,229 @@
+"""Parameters and FLOPs of any clustr_mm config (mmpretrain, mmdet, mmseg,
+mmpose), with attention and clustering counted.
+
+    python tools/analysis/get_flops.py CONFIG [--shape H W] [--json OUT]
+        [--cfg-options k=v ...]
+
+Counting: one multiply-add = one FLOP, via ``mmengine.analysis.FlopAnalyzer``
+plus our handles for ``scaled_dot_product_attention`` and fused multi-head
+attention, and an explicit analytic count of the DPC-kNN clustering (see
+``clustr_mm/utils/flops.py`` for every term). Batch 1, eval mode, no
+data preprocessing (normalisation and padding cost nothing here).
+
+What runs, per library (the tensor path, like the libraries' own get_flops):
+
+- mmpretrain: backbone, neck and head (``mode='tensor'``), no softmax.
+- mmseg: backbone, neck and decode head (``mode='tensor'``); the auxiliary
+  head is training-only and not counted.
+- mmpose: backbone, neck and head (``mode='tensor'``); no flip test.
+- mmdet one-stage: backbone, neck and the dense head's convolutions.
+- mmdet two-stage: backbone, neck, the RPN head's convolutions and the RoI
+  head on ``test_cfg.rpn.max_per_img`` proposals (1000 for Mask R-CNN), the
+  first 100 of which go to the mask head (mmdet's ``roi_head.forward``
+  convention). Proposal decoding, NMS and RoIAlign are not multiply-adds
+  and are not counted; fixed proposals make the count independent of the
+  image.
+
+Default input (H W): 224 224 (mmpretrain; a test-pipeline CenterCrop size if
+the config has one), 800 1280 (mmdet, padded to the config's size divisor),
+the data preprocessor's ``size`` or 512 512 (mmseg), the codec's input size
+or 256 192 (mmpose).
+"""
+import argparse
+import importlib
+import json
+import math
+import os
+import os.path as osp
+import sys
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+
+import torch  # noqa: E402
+from mmengine.config import Config, DictAction  # noqa: E402
+from mmengine.registry import DefaultScope  # noqa: E402
+
+import clustr_mm  # noqa: E402,F401  (registers the backbones)
+from clustr_mm.utils.flops import FlopReport, analyze_flops  # noqa: E402
+
+SCOPES = ('mmpretrain', 'mmdet', 'mmseg', 'mmpose')
+PART_LABELS = {
+    'backbone/embedding': 'backbone: patch embedding / stem / downsampling',
+    'backbone/attention projections': 'backbone: attention projections',
+    'backbone/attention products': 'backbone: attention q.k^T and a.v',
+    'backbone/clustering': 'backbone: clustering',
+    'backbone/mlp': 'backbone: MLP',
+    'backbone/other': 'backbone: norms and other',
+    'neck': 'neck',
+    'heads': 'heads',
+    'other': 'other',
+}
+
+
+def build_model(cfg: Config) -> torch.nn.Module:
+    """Build ``cfg.model`` with the registry of the config's library."""
+    scope = cfg.get('default_scope', 'mmdet')
+    if scope not in SCOPES:
+        raise ValueError(f'default_scope must be one of {SCOPES}, got '
+                         f'{scope!r}')
+    importlib.import_module(f'{scope}.utils').register_all_modules(False)
+    registry = importlib.import_module(f'{scope}.registry').MODELS
+    with DefaultScope.overwrite_default_scope(scope):
+        return registry.build(cfg.model)
+
+
+def _find_crop(pipeline):
+    for step in pipeline or ():
+        if step.get('type') == 'CenterCrop':
+            size = step.get('crop_size')
+            return (size, size) if isinstance(size, int) else tuple(size)
+    return None
+
+
+def default_shape(cfg: Config):
+    """(H, W) of the library's standard input for this config."""
+    scope = cfg.get('default_scope')
+    if scope == 'mmpretrain':
+        pipeline = cfg.get('test_pipeline') or cfg.get(
+            'test_dataloader', {}).get('dataset', {}).get('pipeline')
+        return _find_crop(pipeline) or (224, 224)
+    if scope == 'mmseg':
+        size = cfg.model.get('data_preprocessor', {}).get('size')
+        return tuple(size) if size else (512, 512)
+    if scope == 'mmpose':
+        size = cfg.get('codec', {}).get('input_size')
+        return (size[1], size[0]) if size else (256, 192)
+    return (800, 1280)
+
+
+def counted_path(model, scope: str, shape):
+    """(inputs, forward, description) of the path to count."""
+    h, w = shape
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(1, 3, h, w, generator=gen)
+    tensor_forward = model.forward
+
+    if scope == 'mmdet' and getattr(model, 'with_rpn', False) and hasattr(
+            model, 'roi_head'):
+        from mmdet.structures import DetDataSample
+        from mmengine.structures import InstanceData
+        num = model.test_cfg['rpn']['max_per_img']
+        xy = torch.rand(num, 2, generator=gen) * torch.tensor([w, h]) * 0.75
+        wh = 16 + torch.rand(num, 2, generator=gen) * torch.tensor(
+            [w, h]) * 0.25
+        proposals = InstanceData(bboxes=torch.cat([xy, xy + wh], 1))
+        sample = DetDataSample(metainfo=dict(
+            img_shape=(h, w), ori_shape=(h, w), pad_shape=(h, w),
+            batch_input_shape=(h, w), scale_factor=(1.0, 1.0)))
+
+        def forward(inputs):
+            feats = model.extract_feat(inputs)
+            return (model.rpn_head(feats),
+                    model.roi_head.forward(feats, [proposals], [sample]))
+
+        what = (f'backbone + neck + RPN head convs + RoI head on {num} '
+                f'proposals (mask head on the first 100)')
+        return x, forward, what
+
+    def forward(inputs):
+        return tensor_forward(inputs, None, mode='tensor')
+
+    what = {
+        'mmpretrain': 'backbone + neck + head',
+        'mmseg': 'backbone + neck + decode head (no auxiliary head)',
+        'mmpose': 'backbone + neck + head (no flip test)',
+        'mmdet': 'backbone + neck + dense head convs',
+    }[scope]
+    return x, forward, what
+
+
+def get_flops(config: str, shape=None, cfg_options=None) -> dict:
+    """Params and FLOPs of ``config``; returns a JSON-friendly dict."""
+    cfg = Config.fromfile(config)
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    scope = cfg.get('default_scope', 'mmdet')
+    shape = tuple(shape) if shape else default_shape(cfg)
+    if scope == 'mmdet':
+        div = cfg.model.get('data_preprocessor', {}).get('pad_size_divisor',
+                                                         1) or 1
+        shape = tuple(int(math.ceil(s / div) * div) for s in shape)
+    # Pretrained weights are irrelevant to the count: do not load them.
+    model = build_model(cfg).eval()
+    params = sum(p.numel() for p in model.parameters())
+    backbone = getattr(model, 'backbone', None)
+    backbone_params = (sum(p.numel() for p in backbone.parameters())
+                       if backbone is not None else params)
+    inputs, forward, what = counted_path(model, scope, shape)
+    report: FlopReport = analyze_flops(model, inputs, forward)
+    return dict(
+        config=config, scope=scope, input=[1, 3, *shape], counted=what,
+        params=params, backbone_params=backbone_params,
+        flops=report.total,
+        flops_without_attention_and_clustering=(
+            report.without_attention_and_clustering),
+        by_part=dict(report.by_part),
+        by_operator=dict(report.by_operator.most_common()),
+        uncounted_ops=sorted(op.replace('aten::', '')
+                             for op in report.uncounted_ops))
+
+
+def _fmt(value: int) -> str:
+    return (f'{value / 1e9:9.3f} G' if value >= 1e7 else
+            f'{value / 1e6:9.3f} M')
+
+
+def format_result(r: dict) -> str:
+    g = 1e9
+    lines = [
+        f'config:  {r["config"]} ({r["scope"]})',
+        f'input:   {"x".join(map(str, r["input"]))}',
+        f'counted: {r["counted"]}',
+        f'params:  {r["params"] / 1e6:.2f} M (backbone '
+        f'{r["backbone_params"] / 1e6:.2f} M)',
+        f'FLOPs:   {r["flops"] / g:.2f} G (1 FLOP = 1 multiply-add)',
+        f'         {r["flops_without_attention_and_clustering"] / g:.2f} G '
+        'without attention products and clustering (the ClusTR paper\'s '
+        'convention)',
+        'breakdown:',
+    ]
+    total = r['flops'] or 1
+    for key, value in r['by_part'].items():
+        lines.append(f'  {PART_LABELS.get(key, key):50s} {_fmt(value)} '
+                     f'{100 * value / total:5.1f}%')
+    lines.append('by operator:')
+    for op, value in r['by_operator'].items():
+        lines.append(f'  {op:50s} {_fmt(value)}')
+    if r['uncounted_ops']:
+        lines.append('not counted (no multiply-adds, by convention): ' +
+                     ', '.join(r['uncounted_ops']))
+    return '\n'.join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('config')
+    parser.add_argument('--shape', type=int, nargs='+', metavar='N',
+                        help='input H W (one value: square); default: the '
+                        "library's standard input")
+    parser.add_argument('--json', help='also write the result as JSON here')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config entries, key=value')
+    args = parser.parse_args(argv)
+    shape = args.shape
+    if shape is not None:
+        if len(shape) not in (1, 2):
+            parser.error('--shape takes H W or one size')
+        shape = shape * 2 if len(shape) == 1 else shape
+    torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS', 2)))
+    result = get_flops(args.config, shape, args.cfg_options)
+    print(format_result(result))
+    if args.json:
+        os.makedirs(osp.dirname(osp.abspath(args.json)), exist_ok=True)
+        with open(args.json, 'w') as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == '__main__':
+    main()
