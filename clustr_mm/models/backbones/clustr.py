@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...registry import register_model
+from .inputs import check_images
 from ...utils.checkpoint import init_backbone_weights
 from ..layers import (ClusterAttention, ConvFFN, DropPath,
                       OverlapPatchEmbed)
@@ -194,6 +195,10 @@ class ClusTR(BaseModule):
             if len(settings[key]) != n:
                 raise ValueError(f'arch {key!r} has {len(settings[key])} '
                                  f'entries but depths has {n}')
+        if any(not isinstance(sr, int) or sr < 1
+               for sr in settings['sr_ratios']):
+            raise ValueError(f"arch sr_ratios must be positive ints, got "
+                             f"{settings['sr_ratios']}")
         for i, (dim, heads) in enumerate(
                 zip(settings['embed_dims'], settings['num_heads'])):
             if dim % heads:
@@ -203,6 +208,9 @@ class ClusTR(BaseModule):
 
     def _parse_window_size(self, window_size) -> list:
         if isinstance(window_size, int):
+            if window_size < 1:
+                raise ValueError(f'window_size must be a positive int, got '
+                                 f'{window_size}')
             sizes = [max(1, window_size >> i) for i in range(self.num_stages)]
         else:
             sizes = list(window_size)
@@ -212,6 +220,14 @@ class ClusTR(BaseModule):
         if any(not isinstance(s, int) or s < 1 for s in sizes):
             raise ValueError(f'window_size must be positive ints, got '
                              f'{window_size}')
+        for i, (size, sr) in enumerate(zip(sizes, self.sr_ratios)):
+            # A window must hold at least one coarse cluster's worth of
+            # tokens (sr x sr), or it would ask for more clusters than tokens.
+            if sr > 1 and size < sr:
+                raise ValueError(
+                    f'window_size for stage {i} is {size} tokens, smaller '
+                    f'than its sr_ratio {sr}: windows would hold fewer tokens '
+                    'than one cluster stands for')
         return sizes
 
     def _parse_reducers(self, reducers) -> List[Optional[dict]]:
@@ -280,17 +296,14 @@ class ClusTR(BaseModule):
         init_backbone_weights(self, self._official_init)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(
-                f'ClusTR expects input of shape (B, {self.in_channels}, H, '
-                f'W), got {tuple(x.shape)}')
+        check_images(x, self.in_channels, 'ClusTR')
         outs = []
         for i in range(self.num_stages):
             tokens, hw = self.patch_embeds[i](x)
             for block in self.stages[i]:
                 tokens = block(tokens, hw)
             x = self.norms[i](tokens).transpose(1, 2).reshape(
-                tokens.shape[0], -1, *hw)
+                tokens.shape[0], tokens.shape[2], *hw)
             if i in self.out_indices:
                 outs.append(x)
         return tuple(outs)

@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...registry import register_model
+from .inputs import check_images
 from ...utils.checkpoint import init_backbone_weights
 from ..layers import ConvFFN, DropPath
 from ..layers.cluster_attention import PaCaAttention
@@ -481,9 +482,7 @@ class PaCaViT(BaseModule):
         return settings
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(f'PaCaViT expects (B, {self.in_channels}, H, W) '
-                             f'images, got shape {tuple(x.shape)}')
+        check_images(x, self.in_channels, 'PaCaViT')
         x, hw = self.stem(x)
         teacher_assign, teacher_feats = [None] * self.num_stages, None
         if self.teacher is not None:

@@ -259,8 +259,12 @@ def dpc_knn_assign(x: torch.Tensor, layout: WindowLayout, k: int = 5,
     todo = [s for s, ident in enumerate(layout.identity) if not ident]
     ids = [torch.arange(n_tok, device=device).expand(b, -1)] * len(
         layout.identity)
-    if not todo:
+    if not todo or b == 0:
         return ids
+    if not torch.isfinite(x).all():
+        raise FloatingPointError(
+            'DPC-kNN got non-finite tokens (NaN/Inf): the activations '
+            'diverged, and every distance and assignment would be meaningless')
     with torch.autocast(device.type, enabled=False):
         grid = x.float().reshape(b, h, w, c)
         out = torch.empty(len(todo), b, h, w, dtype=torch.long, device=device)
