@@ -82,7 +82,7 @@ def plot(results: List[dict], path: str, fit_from: float = 384) -> dict:
     from matplotlib.ticker import NullFormatter
 
     data = curves(results)
-    fig, axes = plt.subplots(1, 2, figsize=(12, 5.2))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 6.4))
     exps = {}
     sides = sorted({p[0] for c in data.values() for p in c['points']})
     for ax, idx, what in ((axes[0], 1, 'latency'), (axes[1], 2, 'memory')):
@@ -106,15 +106,17 @@ def plot(results: List[dict], path: str, fit_from: float = 384) -> dict:
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel('input side (pixels, square input)')
         ax.grid(True, which='both', alpha=0.3)
-        ax.legend(fontsize=8.5, title=f'cost ~ pixels^k (fit: side >= '
-                  f'{int(fit_from)})', title_fontsize=8.5)
+        ax.legend(fontsize=8.5, loc='upper center', ncol=2,
+                  bbox_to_anchor=(0.5, -0.13), title=f'cost ~ pixels^k '
+                  f'(fit: side >= {int(fit_from)})', title_fontsize=8.5)
     axes[0].set_ylabel('forward latency (s, best of runs)')
     axes[0].set_title('Latency')
     axes[1].set_ylabel('peak forward memory (MB above the model)')
     axes[1].set_title('Peak memory')
     meta = next((r for r in results if 'threads' in r), {})
-    fig.suptitle(f'Backbones, batch {meta.get("batch", 1)}, CPU with '
-                 f'{meta.get("threads", "?")} threads '
+    threads = meta.get('threads', '?')
+    fig.suptitle(f'Backbones, batch {meta.get("batch", 1)}, CPU, {threads} '
+                 f'thread{"" if threads == 1 else "s"} '
                  '(tools/analysis/benchmark.py)', fontsize=11)
     fig.tight_layout()
     os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)

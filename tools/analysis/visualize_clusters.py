@@ -31,7 +31,7 @@ import importlib
 import os
 import os.path as osp
 import sys
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -61,7 +61,8 @@ def cluster_palette(n: int) -> np.ndarray:
     while len(colours) < n:
         s, v = levels[(i // 7) % len(levels)]
         hue = (i * 0.6180339887498949) % 1.0
-        rgb = tuple(int(round(255 * c)) for c in colorsys.hsv_to_rgb(hue, s, v))
+        rgb = tuple(
+            int(round(255 * c)) for c in colorsys.hsv_to_rgb(hue, s, v))
         i += 1
         if rgb in seen:
             continue
@@ -313,10 +314,6 @@ def render(image: Image.Image, records: List[dict], tile: int = 224,
             panel.pop('label')
             placed.append(panel)
     return canvas, placed
-
-
-def default_shape(cfg) -> Tuple[int, int]:
-    return (224, 224)
 
 
 def main(argv=None):
