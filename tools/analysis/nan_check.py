@@ -1,0 +1,153 @@
+"""Train a config for N iterations and fail at the first non-finite number.
+
+    python tools/analysis/nan_check.py CONFIG [--iters 100] [--work-dir DIR]
+        [--cfg-options k=v ...]
+
+The run uses the config's own model, data pipeline, optimizer wrapper and
+schedulers (see ``clustr_mm/utils/short_run.py``; epoch-based configs get
+enough epochs, validation and checkpoints are off). Every iteration checks
+
+* the total loss before backward,
+* every parameter gradient before the optimizer step,
+* every parameter after the step,
+* every logged loss component (keys containing 'loss'),
+
+and stops at the first NaN/Inf with a message naming the (1-based)
+iteration and what was not finite. Prints one ``[nan-check] {json}`` line;
+exits 0 when all iterations were finite, 1 otherwise.
+
+Gradients are not checked under ``AmpOptimWrapper`` (fp16 loss scaling makes
+infinite scaled gradients a normal, skipped step); losses and weights still
+are.
+"""
+import argparse
+import json
+import os.path as osp
+import sys
+import time
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+
+import torch  # noqa: E402
+from mmengine.hooks import Hook  # noqa: E402
+from mmengine.optim import AmpOptimWrapper, OptimWrapperDict  # noqa: E402
+
+import clustr_mm  # noqa: E402,F401
+from clustr_mm.utils.launch import add_common_args, load_config  # noqa: E402
+from clustr_mm.utils.short_run import run_short  # noqa: E402
+
+
+class NonFiniteError(FloatingPointError):
+    """A loss, gradient or weight was NaN/Inf; ``iteration`` is 1-based."""
+
+    def __init__(self, iteration: int, what: str):
+        super().__init__(f'iteration {iteration}: {what}')
+        self.iteration = iteration
+
+
+def _bad(named, limit=5):
+    names = [n for n, t in named if not torch.isfinite(t).all()]
+    if not names:
+        return None
+    more = f' (+{len(names) - limit} more)' if len(names) > limit else ''
+    return ', '.join(names[:limit]) + more
+
+
+class FiniteCheckHook(Hook):
+    """Check loss, gradients and weights of every training iteration."""
+
+    priority = 'VERY_HIGH'
+
+    def __init__(self):
+        self.checked = 0
+        self.last_loss = None
+
+    def before_train(self, runner) -> None:
+        self.runner = runner
+        model = runner.model
+        self.names = {id(p): n for n, p in model.named_parameters()}
+        wrapper = runner.optim_wrapper
+        wrappers = (list(wrapper.values())
+                    if isinstance(wrapper, OptimWrapperDict) else [wrapper])
+        for w in wrappers:
+            self._wrap(w)
+
+    def _iteration(self) -> int:
+        return self.runner.iter + 1
+
+    def _params(self, wrapper):
+        return [(self.names.get(id(p), '?'), p)
+                for group in wrapper.optimizer.param_groups
+                for p in group['params']]
+
+    def _wrap(self, wrapper) -> None:
+        backward, step = wrapper.backward, wrapper.step
+        check_grads = not isinstance(wrapper, AmpOptimWrapper)
+
+        def checked_backward(loss, **kwargs):
+            if not torch.isfinite(loss).all():
+                raise NonFiniteError(self._iteration(),
+                                     f'loss is {loss.detach().tolist()}')
+            self.last_loss = float(loss.detach())
+            return backward(loss, **kwargs)
+
+        def checked_step(**kwargs):
+            params = self._params(wrapper)
+            if check_grads:
+                bad = _bad((n, p.grad) for n, p in params
+                           if p.grad is not None)
+                if bad:
+                    raise NonFiniteError(self._iteration(),
+                                         f'non-finite gradient of {bad}')
+            out = step(**kwargs)
+            bad = _bad((n, p.detach()) for n, p in params)
+            if bad:
+                raise NonFiniteError(self._iteration(),
+                                     f'non-finite weights after the step: {bad}')
+            return out
+
+        wrapper.backward, wrapper.step = checked_backward, checked_step
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None,
+                         outputs=None) -> None:
+        bad = _bad((k, v) for k, v in (outputs or {}).items()
+                   if 'loss' in k and isinstance(v, torch.Tensor))
+        if bad:
+            raise NonFiniteError(self._iteration(), f'non-finite {bad}')
+        self.checked = runner.iter + 1
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_common_args(parser)
+    parser.add_argument('--iters', type=int, default=100,
+                        help='training iterations to check (default 100)')
+    args = parser.parse_args(argv)
+    cfg = load_config(args)
+    hook = FiniteCheckHook()
+    summary = dict(config=args.config, iters=args.iters)
+    start = time.time()
+    try:
+        run_short(cfg, args.iters, [hook], work_dir=args.work_dir)
+        ok = hook.checked >= args.iters
+        if not ok:
+            summary['error'] = f'only {hook.checked} iterations ran'
+    except FloatingPointError as err:  # ours, or e.g. the clustering's
+        ok = False
+        if isinstance(err, NonFiniteError):
+            summary.update(error=str(err), iteration=err.iteration)
+        else:
+            iteration = hook.runner.iter + 1
+            summary.update(error=f'iteration {iteration}: {err}',
+                           iteration=iteration)
+    summary.update(ok=ok, checked=hook.checked, last_loss=hook.last_loss,
+                   seconds=round(time.time() - start, 1))
+    print('[nan-check] ' + json.dumps(summary), flush=True)
+    if not ok:
+        print(f'[nan-check] FAILED: {args.config}: '
+              f'{summary.get("error")}', flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())
