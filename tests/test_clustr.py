@@ -184,7 +184,8 @@ def test_invalid_arguments_are_named(kwargs, word):
 
 
 def test_wrong_input_channels_raise():
-    with pytest.raises(ValueError, match='expects input'):
+    with pytest.raises(ValueError, match=r'ClusTR expects images of shape '
+                       r'\(B, 3, H, W\), got \(1, 1, 32, 32\)'):
         ClusTR('tiny')(torch.randn(1, 1, 32, 32))
 
 

@@ -11,7 +11,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 import clustr_mm  # noqa: E402,F401  (registers models)
 from clustr_mm.utils.launch import (add_common_args, build_runner,  # noqa: E402
-                                    load_config)
+                                    finish_distributed, load_config)
 
 
 def parse_args(argv=None):
@@ -29,6 +29,7 @@ def main(argv=None):
     cfg.load_from = args.checkpoint
     runner = build_runner(cfg)
     metrics = runner.test()
+    finish_distributed()
     print(f'[test] {args.config}: ' + ', '.join(
         f'{k}={v:.4f}' if isinstance(v, float) else f'{k}={v}'
         for k, v in metrics.items()))

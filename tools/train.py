@@ -15,7 +15,7 @@ import torch  # noqa: E402
 
 import clustr_mm  # noqa: E402,F401  (registers models, safe resume)
 from clustr_mm.utils.launch import (add_common_args, build_runner,  # noqa: E402
-                                    load_config)
+                                    finish_distributed, load_config)
 
 
 def parse_args(argv=None):
@@ -96,6 +96,7 @@ def main(argv=None):
               f'{args.launcher}, world size {runner.world_size}, work dir '
               f'{runner.work_dir}', flush=True)
     runner.train()
+    finish_distributed()
 
 
 if __name__ == '__main__':

@@ -86,6 +86,19 @@ def prepare_cpu_distributed(cfg: Config) -> None:
     _sync_bn_to_bn(cfg.model)
 
 
+def finish_distributed() -> None:
+    """Tear the process group down before exit.
+
+    Left to interpreter shutdown, gloo's threads can be destroyed while still
+    joinable, which aborts the process ("terminate called without an active
+    exception") after a successful run.
+    """
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def build_runner(cfg: Config):
     """Use the config's custom runner type if it names one (as mmdet does)."""
     from mmengine.registry import RUNNERS
