@@ -176,7 +176,7 @@ def test_builds_from_registry():
     (dict(out_indices=(4, )), 'out_indices'),
     (dict(drop_path_rate=-0.1), 'drop_path_rate'),
     (dict(clustering_mode='fast'), 'clustering_mode'),
-    (dict(frozen_stages=4), 'frozen_stages'),
+    (dict(frozen_stages=5), 'frozen_stages'),
 ])
 def test_invalid_arguments_are_named(kwargs, word):
     with pytest.raises(ValueError, match=word):
@@ -259,12 +259,17 @@ def test_deterministic_across_runs():
 
 
 def test_frozen_stages_and_norm_eval():
-    model = ClusTR('tiny', frozen_stages=1).train()
+    model = ClusTR('tiny', frozen_stages=2).train()
     for i in range(4):
-        frozen = i <= 1
+        frozen = i < 2  # the first two stages, with their patch embeddings
         for part in (model.patch_embeds[i], model.stages[i], model.norms[i]):
             assert all(p.requires_grad != frozen for p in part.parameters())
             assert all(m.training != frozen for m in part.modules())
+    # 0 freezes only the first patch embedding (the stem).
+    model = ClusTR('tiny', frozen_stages=0).train()
+    assert [all(not p.requires_grad for p in e.parameters())
+            for e in model.patch_embeds] == [True, False, False, False]
+    assert all(p.requires_grad for p in model.stages.parameters())
     model = ClusTR('tiny', norm_eval=True).train()
     for m in model.modules():
         assert m.training != isinstance(m, nn.LayerNorm)

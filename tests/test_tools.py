@@ -131,3 +131,15 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tiny_data, tmp_path):
     b = torch.load(killed / 'epoch_3.pth', map_location='cpu')['state_dict']
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_segmentation_learns_on_embedded_data(tiny_data, tmp_path):
+    """The embedded ADE20K run takes mIoU far above the untrained model's."""
+    out = run_tool(['tools/analysis/learning_check.py',
+                    'configs/clustr/fpn_clustr-t_embedded-ade20k.py',
+                    '--metric', 'mIoU', '--min-gain', '20',
+                    '--work-dir', str(tmp_path)], check=False).stdout
+    line = [ln for ln in out.splitlines() if ln.startswith('[learning] ')]
+    assert line, out[-3000:]
+    result = json.loads(line[-1][len('[learning] '):])
+    assert result['end'] >= result['start'] + 20, result

@@ -72,8 +72,10 @@ class ClusTR(BaseModule):
             one size per stage. Default 56.
         drop_path_rate (float): Stochastic depth rate, linearly increasing
             over blocks. Default 0.
-        frozen_stages (int): Stages 0..frozen_stages are frozen (eval mode, no
-            gradient); -1 freezes nothing. Default -1.
+        frozen_stages (int): Freeze (eval mode, no gradient) the first
+            patch embedding and this many whole stages, as PaCaViT, Swin and
+            ResNet count: 0 freezes only the stem-like first patch embedding,
+            1 also the first stage; -1 freezes nothing. Default -1.
         norm_eval (bool): Keep norm layers in eval mode while training. ClusTR
             only has LayerNorms, whose output does not depend on the mode; the
             option exists for configs shared with BatchNorm backbones.
@@ -143,9 +145,9 @@ class ClusTR(BaseModule):
         self.reducers = self._parse_reducers(reducers)
         self.compact_qv = compact_qv
         self.out_indices = self._parse_out_indices(out_indices)
-        if not -1 <= frozen_stages < self.num_stages:
+        if not -1 <= frozen_stages <= self.num_stages:
             raise ValueError(f'frozen_stages must be in [-1, '
-                             f'{self.num_stages}), got {frozen_stages}')
+                             f'{self.num_stages}], got {frozen_stages}')
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
         if drop_path_rate < 0:
@@ -260,12 +262,15 @@ class ClusTR(BaseModule):
         return tuple(parsed)
 
     def _freeze_stages(self):
-        for i in range(self.frozen_stages + 1):
-            for module in (self.patch_embeds[i], self.stages[i],
-                           self.norms[i]):
-                module.eval()
-                for param in module.parameters():
-                    param.requires_grad = False
+        if self.frozen_stages < 0:
+            return
+        frozen = [self.patch_embeds[0]]
+        for i in range(self.frozen_stages):
+            frozen += [self.patch_embeds[i], self.stages[i], self.norms[i]]
+        for module in frozen:
+            module.eval()
+            for param in module.parameters():
+                param.requires_grad = False
 
     def train(self, mode: bool = True):
         super().train(mode)
