@@ -11,19 +11,19 @@ Tolerances (also in README.md, "Reliability"):
 * bf16 autocast vs fp32: every ClusTR clustering decision under autocast is
   the fp32 decision for the tokens the layer receives (bit-identical ids);
   backbone outputs within a relative L2 error of ``BF16_REL_TOL`` = 3e-2
-  per stage (measured 0.4-1.5 %);
+  per stage (measured 0.4-1.6 %);
 * no NaN/Inf in loss, gradients or weights over the first iterations
   (``tools/analysis/nan_check.py``);
 * RSS growth after warm-up below ``SOAK_MAX_GROWTH_MIB``
   (``tools/analysis/memory_soak.py``);
 * 2 CPU processes x batch 4 vs 1 process x batch 8: per-iteration global
-  loss within ``DIST_LOSS_TOL``, final weights within ``DIST_WEIGHT_TOL``.
+  loss within ``DIST_LOSS_TOL`` = 1e-5 (measured <= 7e-7), final weights
+  within ``DIST_WEIGHT_TOL`` = 1e-3 absolute (measured 9e-5: AdamW
+  normalises the update, so parameters with near-zero gradients move by
+  ~lr whatever the rounding) and 1e-4 relative L2 (measured 1.4e-6).
 """
 import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -36,12 +36,16 @@ from clustr_mm.models.layers.token_clustering import (DPCKNNClustering,
                                                       dpc_knn_assign)
 
 CLS_CONFIG = 'configs/clustr/clustr-t_embedded-imagenet.py'
+# One thread for the training subprocesses: on shared CI cores two OpenMP
+# threads per process can spin against other jobs (20x slower seen here).
+ONE_THREAD = {'OMP_NUM_THREADS': '1'}
 FIXED_CROP_CONFIG = 'tests/configs/clustr-t_embedded-imagenet_fixed-crop.py'
 BATCH_TOL = dict(atol=1e-4, rtol=1e-4)
 BF16_REL_TOL = 3e-2
 SOAK_MAX_GROWTH_MIB = 25.0
-DIST_LOSS_TOL = 1e-4
+DIST_LOSS_TOL = 1e-5
 DIST_WEIGHT_TOL = 1e-3
+DIST_WEIGHT_REL_TOL = 1e-4
 
 # name -> backbone config; ClusTR window mode with 8-token windows so that a
 # 64 x 64 image has several windows in stages 1-3.
@@ -106,7 +110,7 @@ def test_same_seed_gives_identical_losses_and_weights(tiny_data, tmp_path):
             'default_hooks.logger.interval=1']
     for run in ('a', 'b'):
         run_tool(['tools/train.py', CLS_CONFIG, '--work-dir',
-                  str(tmp_path / run), *opts])
+                  str(tmp_path / run), *opts], env=ONE_THREAD)
     a, b = _scalars(tmp_path / 'a'), _scalars(tmp_path / 'b')
     assert [i for i, _ in a] == [1, 2, 3, 4]  # 32 images / batch 8
     assert a == b  # exact float equality, not allclose
@@ -121,23 +125,27 @@ def test_same_seed_gives_identical_losses_and_weights(tiny_data, tmp_path):
 _OUTPUTS_SNIPPET = """
 import sys, torch
 sys.path.insert(0, 'tests')
-from test_reliability import _build, _forward, _images
-outs, assigns = _forward(_build(sys.argv[1]), _images())
-torch.save(dict(outs=outs, assigns=assigns), sys.argv[2])
+from test_reliability import BACKBONES, _build, _forward, _images
+torch.save({name: _forward(_build(name), _images()) for name in BACKBONES},
+           sys.argv[1])
 """
 
 
-@pytest.mark.parametrize('name', sorted(BACKBONES))
-def test_eval_outputs_identical_across_runs(name, tmp_path):
-    results = []
-    for run in range(2):
-        path = tmp_path / f'{run}.pt'
-        run_tool(['-c', _OUTPUTS_SNIPPET, name, str(path)], timeout=120)
-        results.append(torch.load(path))
-    here = _forward(_build(name), _images())  # and a third, in this process
-    for key, mine in zip(('outs', 'assigns'), here):
-        for a, b, c in zip(results[0][key], results[1][key], mine):
-            assert torch.equal(a, b) and torch.equal(a, c), key
+def test_eval_outputs_identical_across_runs(tmp_path):
+    """Another process builds the same seeded backbones and evaluates the
+    same images: outputs and assignments are bit-identical to this one's
+    (twice here too)."""
+    run_tool(['-c', _OUTPUTS_SNIPPET, str(tmp_path / 'other.pt')],
+             timeout=300)
+    other = torch.load(tmp_path / 'other.pt')
+    for name in BACKBONES:
+        model = _build(name)
+        for _ in range(2):
+            outs, assigns = _forward(model, _images())
+            assert len(outs) == len(other[name][0]) == 4
+            assert all(torch.equal(a, b) for a, b in zip(outs, other[name][0]))
+            assert all(torch.equal(a, b)
+                       for a, b in zip(assigns, other[name][1]))
 
 
 @pytest.mark.parametrize('name', sorted(BACKBONES))
@@ -218,7 +226,7 @@ def test_bf16_paca_outputs_within_tolerance():
                                     'configs/paca/paca-t_embedded-imagenet.py'])
 def test_nan_check_passes(config, tiny_data, tmp_path):
     out = run_tool(['tools/analysis/nan_check.py', config, '--iters', '20',
-                    '--work-dir', str(tmp_path)]).stdout
+                    '--work-dir', str(tmp_path)], env=ONE_THREAD).stdout
     line = [ln for ln in out.splitlines() if ln.startswith('[nan-check] {')]
     result = json.loads(line[-1].split(' ', 1)[1])
     assert result['ok'] and result['checked'] == 20, result
@@ -227,7 +235,8 @@ def test_nan_check_passes(config, tiny_data, tmp_path):
 def test_nan_check_names_the_failing_iteration(tiny_data, tmp_path):
     proc = run_tool(['tools/analysis/nan_check.py', CLS_CONFIG, '--iters',
                      '5', '--work-dir', str(tmp_path), '--cfg-options',
-                     'optim_wrapper.optimizer.lr=1e38'], check=False)
+                     'optim_wrapper.optimizer.lr=1e38'], check=False,
+                    env=ONE_THREAD)
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert re.search(r'FAILED: .*: iteration \d+: ', proc.stdout), \
         proc.stdout[-3000:]
@@ -240,7 +249,7 @@ def test_memory_does_not_grow_after_warmup(tiny_data, tmp_path):
                     '60', '--warmup', '20', '--work-dir', str(tmp_path),
                     '--max-growth-mb', str(SOAK_MAX_GROWTH_MIB),
                     '--cfg-options', 'train_dataloader.batch_size=4'],
-                   check=False).stdout
+                   check=False, env=ONE_THREAD).stdout
     line = [ln for ln in out.splitlines() if ln.startswith('[memory-soak] {')]
     assert line, out[-3000:]
     result = json.loads(line[-1].split(' ', 1)[1])
@@ -267,7 +276,7 @@ def test_two_process_run_matches_one_process_run(tiny_data, tmp_path):
     the mean of the two ranks' losses (each over its 4 images), and the
     final checkpoints' weights. Rank 0's logged loss alone is not
     comparable (it covers half the batch)."""
-    env = {'PYTHONPATH': str(ROOT / 'tests' / 'configs')}
+    env = dict(ONE_THREAD, PYTHONPATH=str(ROOT / 'tests' / 'configs'))
     opts = ['--cfg-options', 'train_cfg.max_epochs=2',
             'train_cfg.val_interval=100', 'train_cfg.val_begin=100']
     single, dist = tmp_path / 'single', tmp_path / 'dist'
@@ -293,3 +302,7 @@ def test_two_process_run_matches_one_process_run(tiny_data, tmp_path):
     worst = max(float((wa[k].float() - wb[k].float()).abs().max())
                 for k in wa)
     assert worst < DIST_WEIGHT_TOL, worst
+    rel = (sum(float((wa[k].float() - wb[k].float()).square().sum())
+               for k in wa) / sum(float(v.float().square().sum())
+                                  for v in wa.values()))**0.5
+    assert rel < DIST_WEIGHT_REL_TOL, rel
