@@ -17,7 +17,6 @@ import torch
 from torch import nn
 
 from .convert import unwrap_state_dict
-from .safe_pickle import allow_runner_checkpoint_types
 
 StateDict = Dict[str, torch.Tensor]
 
@@ -25,11 +24,10 @@ StateDict = Dict[str, torch.Tensor]
 def read_checkpoint(filename: str, map_location: str = 'cpu') -> StateDict:
     """Read a weights file (local path or URL) without unpickling objects.
 
-    ``weights_only`` loading, with MMEngine runner checkpoints' data-only
-    types allowed. Accepts a raw state dict or one wrapped under
+    ``weights_only`` loading; importing ``clustr_mm`` allow-lists the
+    data-only types of MMEngine runner checkpoints once for the process. Accepts a raw state dict or one wrapped under
     ``state_dict`` or ``model`` and strips a DataParallel ``module.`` prefix.
     """
-    allow_runner_checkpoint_types()
     if filename.startswith(('http://', 'https://')):
         load = functools.partial(torch.hub.load_state_dict_from_url, filename)
     elif os.path.isfile(filename):
