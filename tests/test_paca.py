@@ -326,7 +326,10 @@ def test_registered_in_root_registry():
 
 @pytest.mark.parametrize('clustering', ['conv', 'mlp', 'teacher'])
 def test_gradients_reach_every_parameter(clustering):
-    model = build(clustering, drop_path_rate=0.1)
+    # No drop path: a randomly dropped branch would leave its norm without a
+    # gradient, and this test is about the wiring, not the sampling.
+    torch.manual_seed(0)
+    model = build(clustering, drop_path_rate=0.0)
     model.train()
     outs = model(torch.randn(2, 3, 32, 48))
     sum(o.square().mean() for o in outs).backward()
