@@ -11,7 +11,7 @@ from torch import nn
 
 import clustr_mm  # noqa: F401  (registers the models)
 from clustr_mm.models.backbones.clustr import ClusTR
-from clustr_mm.models.layers import token_clustering
+from clustr_mm.models.layers import ConvFFN, token_clustering
 from clustr_mm.models.layers.cluster_attention import ClusterAttention
 from clustr_mm.models.layers.token_clustering import (DPCKNNClustering,
                                                       WindowLayout,
@@ -227,8 +227,8 @@ def test_window_mode_large_input_has_bounded_chunks(monkeypatch):
     largest = []
     bmm = torch.bmm
 
-    def recording_bmm(a, b):
-        out = bmm(a, b)
+    def recording_bmm(a, b, **kwargs):
+        out = bmm(a, b, **kwargs)
         largest.append(out.numel())
         return out
 
@@ -400,3 +400,15 @@ def test_converter_reports_mismatches(tmp_path):
     assert 'backbone.stages.0.0.attn.q.bias' in result.stdout
     assert 'relative_bias (no rule)' in result.stdout
     assert not (tmp_path / 'out.pth').exists()
+
+
+def test_ffn_inference_path_equals_autograd_path():
+    # The FFN activates in place when no gradient is needed; it must compute
+    # exactly what the autograd path computes.
+    torch.manual_seed(11)
+    ffn = ConvFFN(16, 64)
+    x = torch.randn(2, 20, 16)
+    with_grad = ffn(x, (4, 5))
+    assert with_grad.requires_grad
+    with torch.no_grad():
+        assert torch.equal(ffn(x, (4, 5)), with_grad.detach())
