@@ -44,6 +44,8 @@ def test_config_builds(path):
     model = build_model(cfg)
     backbone = cfg.model.backbone
     assert type(model.backbone).__name__ == backbone.type
+    # No weights of the inherited base (e.g. the Swin base's URL) linger.
+    assert not cfg.get('pretrained'), cfg.pretrained
     if 'embedded' not in path:
         init = backbone.get('init_cfg') or {}
         if cfg.default_scope != 'mmpretrain':

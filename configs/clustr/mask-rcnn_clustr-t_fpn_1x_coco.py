@@ -1,6 +1,8 @@
 # Mask R-CNN 1x on COCO with a ClusTR-T backbone, fine-tuned from ImageNet.
 # Recipe of the paper: AdamW lr 2e-4, wd 1e-4, batch 16 (8 GPUs x 2), 12 epochs.
 _base_ = ['mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py']
+# The Swin base's ImageNet URL; the backbone is replaced, so it must not show.
+pretrained = None
 custom_imports = dict(imports=['clustr_mm'], allow_failed_imports=False)
 
 # ImageNet checkpoint to fine-tune from: the output of

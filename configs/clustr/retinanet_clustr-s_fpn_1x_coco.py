@@ -1,6 +1,8 @@
 # RetinaNet 1x on COCO with ClusTR-S (paper recipe: AdamW lr 1e-4, wd 1e-4,
 # batch 16 = 8 GPUs x 2, 12 epochs).
 _base_ = ['mmdet::swin/retinanet_swin-t-p4-w7_fpn_1x_coco.py']
+# The Swin base's ImageNet URL; the backbone is replaced, so it must not show.
+pretrained = None
 custom_imports = dict(imports=['clustr_mm'], allow_failed_imports=False)
 
 imagenet_checkpoint = 'work_dirs/clustr-s_8xb128_in1k/epoch_300.pth'

@@ -2,6 +2,8 @@
 # training (short side 480-800), AdamW lr 1e-4, wd 0.05, no weight decay on
 # norms, batch 16 (8 GPUs x 2), 12 epochs.
 _base_ = ['mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py']
+# The Swin base's ImageNet URL; the backbone is replaced, so it must not show.
+pretrained = None
 custom_imports = dict(imports=['clustr_mm'], allow_failed_imports=False)
 
 imagenet_checkpoint = 'work_dirs/paca-s_8xb128_in1k/epoch_300.pth'
