@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...registry import register_model
+from .freezing import apply_freezing
 from .inputs import check_images
 from ...utils.checkpoint import init_backbone_weights
 from ..layers import (ClusterAttention, ConvFFN, DropPath,
@@ -175,7 +176,7 @@ class ClusTR(BaseModule):
             ]))
             self.norms.append(nn.LayerNorm(dim, eps=1e-6))
             cin, cur = dim, cur + depth
-        self._freeze_stages()
+        self.train(self.training)  # frozen_stages and norm_eval from the start
 
     def _parse_arch(self, arch: Union[str, dict]) -> dict:
         if isinstance(arch, str):
@@ -261,24 +262,18 @@ class ClusTR(BaseModule):
             parsed.append(idx % self.num_stages)
         return tuple(parsed)
 
-    def _freeze_stages(self):
+    def _frozen_modules(self) -> List[nn.Module]:
         if self.frozen_stages < 0:
-            return
+            return []
         frozen = [self.patch_embeds[0]]
         for i in range(self.frozen_stages):
             frozen += [self.patch_embeds[i], self.stages[i], self.norms[i]]
-        for module in frozen:
-            module.eval()
-            for param in module.parameters():
-                param.requires_grad = False
+        return frozen
 
     def train(self, mode: bool = True):
         super().train(mode)
-        self._freeze_stages()
-        if mode and self.norm_eval:
-            for m in self.modules():
-                if isinstance(m, (_BatchNorm, nn.LayerNorm, nn.GroupNorm)):
-                    m.eval()
+        apply_freezing(self, self._frozen_modules(), self.norm_eval,
+                       (_BatchNorm, nn.LayerNorm, nn.GroupNorm))
         return self
 
     @staticmethod

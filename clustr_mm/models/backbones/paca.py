@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...registry import register_model
+from .freezing import apply_freezing
 from .inputs import check_images
 from ...utils.checkpoint import init_backbone_weights
 from ..layers import ConvFFN, DropPath
@@ -415,7 +416,7 @@ class PaCaViT(BaseModule):
             downsample = (PaCaDownsample(embed_dims[i - 1], embed_dims[i])
                           if i > 0 else None)
             self.stages.append(PaCaStage(downsample, blocks, embed_dims[i]))
-        self._freeze_stages()
+        self.train(self.training)  # frozen_stages and norm_eval from the start
 
     def _parse_reducers(self, reducers, clustering: str,
                         num_clusters: Sequence[int]) -> List[Optional[Dict]]:
@@ -513,24 +514,18 @@ class PaCaViT(BaseModule):
                 outs.append(_tokens_to_map(x, hw).contiguous())
         return tuple(outs)
 
-    def _freeze_stages(self) -> None:
+    def _frozen_modules(self) -> List[nn.Module]:
         if self.frozen_stages < 0:
-            return
+            return []
         frozen = [self.stem] + list(self.stages[:self.frozen_stages])
         if self.teacher is not None and self.frozen_stages > 0:
             frozen.append(self.teacher)
-        for module in frozen:
-            module.eval()
-            for param in module.parameters():
-                param.requires_grad = False
+        return frozen
 
     def train(self, mode: bool = True):
         super().train(mode)
-        self._freeze_stages()
-        if mode and self.norm_eval:
-            for m in self.modules():
-                if isinstance(m, _BatchNorm):
-                    m.eval()
+        apply_freezing(self, self._frozen_modules(), self.norm_eval,
+                       (_BatchNorm, ))
         return self
 
     def init_weights(self) -> None:
