@@ -412,3 +412,20 @@ def test_ffn_inference_path_equals_autograd_path():
     assert with_grad.requires_grad
     with torch.no_grad():
         assert torch.equal(ffn(x, (4, 5)), with_grad.detach())
+
+
+@pytest.mark.parametrize('mode', ['exact', 'window'])
+def test_outputs_are_standard_nchw(mode):
+    # Necks and heads assume contiguous NCHW: mmcv's CPU RoIAlign reads a
+    # channels-last map as if it were NCHW, which kept Mask R-CNN's RoI head
+    # from learning.
+    from mmcv.ops import roi_align
+    model = ClusTR('tiny', clustering_mode=mode).eval()
+    with torch.no_grad():
+        outs = model(torch.randn(2, 3, 64, 96))
+    assert all(o.is_contiguous() for o in outs)
+    rois = torch.tensor([[0, 2., 2., 12., 10.], [1, 0., 4., 20., 14.]])
+    pooled = roi_align(outs[0], rois, (4, 4), 1.0, 2, 'avg', True)
+    reference = roi_align(outs[0].clone(memory_format=torch.contiguous_format),
+                          rois, (4, 4), 1.0, 2, 'avg', True)
+    torch.testing.assert_close(pooled, reference)

@@ -305,5 +305,8 @@ class ClusTR(BaseModule):
             x = self.norms[i](tokens).transpose(1, 2).reshape(
                 tokens.shape[0], tokens.shape[2], *hw)
             if i in self.out_indices:
-                outs.append(x)
+                # x is a channels-last view of the tokens. Emit standard
+                # NCHW: mmcv's CPU RoIAlign reads its input as contiguous
+                # NCHW, so Mask R-CNN's RoI head got scrambled features.
+                outs.append(x.contiguous())
         return tuple(outs)
