@@ -1,4 +1,5 @@
 """Shared fixtures: the repo root, the tiny data, and running the real tools."""
+import json
 import os
 import subprocess
 import sys
@@ -29,3 +30,11 @@ def run_tool(args, timeout=600, env=None, check=True, python=True):
         pytest.fail(f'{" ".join(map(str, args))} exited {proc.returncode}:\n'
                     f'{proc.stdout[-6000:]}')
     return proc
+
+
+def logged_losses(work_dir):
+    """(iter, loss) pairs of the newest run in ``work_dir`` (its scalars)."""
+    runs = sorted(p for p in Path(work_dir).iterdir() if p.is_dir())
+    lines = (runs[-1] / 'vis_data' / 'scalars.json').read_text().splitlines()
+    return [(r['iter'], r['loss']) for r in map(json.loads, lines)
+            if 'loss' in r]

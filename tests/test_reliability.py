@@ -27,7 +27,7 @@ import re
 
 import pytest
 import torch
-from conftest import ROOT, run_tool
+from conftest import ROOT, logged_losses, run_tool
 from mmengine.registry import MODELS
 
 import clustr_mm  # noqa: F401
@@ -96,11 +96,6 @@ def _images(n=3, seed=1):
 
 # --------------------------------------------------------------------------
 # 5a. Same seed, same losses.
-def _scalars(work_dir):
-    runs = sorted(p for p in work_dir.iterdir() if p.is_dir())
-    lines = (runs[-1] / 'vis_data' / 'scalars.json').read_text().splitlines()
-    return [(r['iter'], r['loss']) for r in map(json.loads, lines)
-            if 'loss' in r]
 
 
 def test_same_seed_gives_identical_losses_and_weights(tiny_data, tmp_path):
@@ -111,7 +106,7 @@ def test_same_seed_gives_identical_losses_and_weights(tiny_data, tmp_path):
     for run in ('a', 'b'):
         run_tool(['tools/train.py', CLS_CONFIG, '--work-dir',
                   str(tmp_path / run), *opts], env=ONE_THREAD)
-    a, b = _scalars(tmp_path / 'a'), _scalars(tmp_path / 'b')
+    a, b = logged_losses(tmp_path / 'a'), logged_losses(tmp_path / 'b')
     assert [i for i, _ in a] == [1, 2, 3, 4]  # 32 images / batch 8
     assert a == b  # exact float equality, not allclose
     wa = torch.load(tmp_path / 'a' / 'epoch_1.pth', map_location='cpu')

@@ -7,7 +7,7 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT, run_tool
+from conftest import ROOT, logged_losses, run_tool
 
 import clustr_mm  # noqa: F401  (allow-lists runner checkpoint types)
 
@@ -93,12 +93,6 @@ def test_dist_train_two_cpu_processes(family, tiny_data, tmp_path):
         ('iter_4.pth', 'epoch_1.pth'))
 
 
-def _losses(work_dir):
-    """(iter, loss) pairs of the newest run in ``work_dir``."""
-    runs = sorted(p for p in work_dir.iterdir() if p.is_dir())
-    lines = (runs[-1] / 'vis_data' / 'scalars.json').read_text().splitlines()
-    return [(r['iter'], r['loss']) for r in map(json.loads, lines)
-            if 'loss' in r]
 
 
 def test_killed_run_resumes_to_the_uninterrupted_result(tiny_data, tmp_path):
@@ -124,9 +118,9 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tiny_data, tmp_path):
 
     run_tool(['tools/train.py', config, '--work-dir', str(killed), '--resume',
               *opts])
-    resumed = _losses(killed)
+    resumed = logged_losses(killed)
     assert resumed and resumed[0][0] > 4  # continued after epoch 1 (4 iters)
-    assert resumed == [p for p in _losses(full) if p[0] >= resumed[0][0]]
+    assert resumed == [p for p in logged_losses(full) if p[0] >= resumed[0][0]]
     a = torch.load(full / 'epoch_3.pth', map_location='cpu')['state_dict']
     b = torch.load(killed / 'epoch_3.pth', map_location='cpu')['state_dict']
     assert a.keys() == b.keys()

@@ -25,8 +25,9 @@ def read_checkpoint(filename: str, map_location: str = 'cpu') -> StateDict:
     """Read a weights file (local path or URL) without unpickling objects.
 
     ``weights_only`` loading; importing ``clustr_mm`` allow-lists the
-    data-only types of MMEngine runner checkpoints once for the process. Accepts a raw state dict or one wrapped under
-    ``state_dict`` or ``model`` and strips a DataParallel ``module.`` prefix.
+    data-only types of MMEngine runner checkpoints once for the process.
+    Accepts a raw state dict or one wrapped under ``state_dict`` or
+    ``model`` and strips a DataParallel ``module.`` prefix.
     """
     if filename.startswith(('http://', 'https://')):
         load = functools.partial(torch.hub.load_state_dict_from_url, filename)

@@ -17,7 +17,7 @@ from .freezing import apply_freezing
 from .inputs import check_images
 from ...utils.checkpoint import init_backbone_weights
 from ..layers import (ClusterAttention, ConvFFN, DropPath,
-                      OverlapPatchEmbed)
+                      OverlapPatchEmbed, tokens_to_map)
 
 
 class ClusTRBlock(nn.Module):
@@ -302,11 +302,9 @@ class ClusTR(BaseModule):
             tokens, hw = self.patch_embeds[i](x)
             for block in self.stages[i]:
                 tokens = block(tokens, hw)
-            x = self.norms[i](tokens).transpose(1, 2).reshape(
-                tokens.shape[0], tokens.shape[2], *hw)
+            x = tokens_to_map(self.norms[i](tokens), hw)
             if i in self.out_indices:
-                # x is a channels-last view of the tokens. Emit standard
-                # NCHW: mmcv's CPU RoIAlign reads its input as contiguous
-                # NCHW, so Mask R-CNN's RoI head got scrambled features.
+                # Standard NCHW out: mmcv's CPU RoIAlign reads a
+                # channels-last map as NCHW (Mask R-CNN got scrambled RoIs).
                 outs.append(x.contiguous())
         return tuple(outs)

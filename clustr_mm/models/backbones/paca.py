@@ -23,21 +23,11 @@ from ...registry import register_model
 from .freezing import apply_freezing
 from .inputs import check_images
 from ...utils.checkpoint import init_backbone_weights
-from ..layers import ConvFFN, DropPath
+from ..layers import ConvFFN, DropPath, tokens_to_map
 from ..layers.cluster_attention import PaCaAttention
 from ..layers.reducers import PointwiseConv, assignment_map, reducer_class
 
 Tokens = Tuple[torch.Tensor, Tuple[int, int]]
-
-
-def _tokens_to_map(x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
-    """(B, N, C) -> (B, C, H, W) as a channels-last view (no copy).
-
-    Permuting a (B, H, W, C) view keeps the batch stride H*W*C even for
-    B = 1, which oneDNN needs to recognise channels-last (its depthwise and
-    strided convs are several times faster on it, with channels-last output).
-    """
-    return x.reshape(x.shape[0], hw[0], hw[1], x.shape[2]).permute(0, 3, 1, 2)
 
 
 def _map_to_tokens(x: torch.Tensor) -> torch.Tensor:
@@ -71,7 +61,7 @@ class PaCaDownsample(nn.Module):
         self.norm = nn.LayerNorm(out_dim, eps=1e-6)
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> Tokens:
-        x = self.conv(_tokens_to_map(x, hw))
+        x = self.conv(tokens_to_map(x, hw))
         return self.norm(_map_to_tokens(x)), tuple(x.shape[2:])
 
 
@@ -487,7 +477,7 @@ class PaCaViT(BaseModule):
         x, hw = self.stem(x)
         teacher_assign, teacher_feats = [None] * self.num_stages, None
         if self.teacher is not None:
-            teacher_assign, teacher_feats = self.teacher(_tokens_to_map(x, hw))
+            teacher_assign, teacher_feats = self.teacher(tokens_to_map(x, hw))
         keep = self.keep_assignments
         if keep:
             self.assignments = []
@@ -511,7 +501,7 @@ class PaCaViT(BaseModule):
                     [assignment_map(a, hw) for a in kept])
             if i in self.out_indices:
                 # contiguous NCHW: necks and heads may call .view() on it
-                outs.append(_tokens_to_map(x, hw).contiguous())
+                outs.append(tokens_to_map(x, hw).contiguous())
         return tuple(outs)
 
     def _frozen_modules(self) -> List[nn.Module]:

@@ -2,6 +2,8 @@
 import torch
 from torch import nn
 
+from .patch_embed import tokens_to_map
+
 
 class ConvFFN(nn.Module):
     """``fc1 -> GELU(h + DWConv3x3(h)) -> fc2`` on a token sequence.
@@ -27,12 +29,9 @@ class ConvFFN(nn.Module):
     def forward(self, x: torch.Tensor, hw: tuple) -> torch.Tensor:
         """x: (B, N, C) tokens of an ``hw = (H, W)`` grid, N = H * W."""
         h = self.fc1(x)
-        b, n, c = h.shape
-        # Channels-last view of the tokens, no copy. Built by permuting a
-        # (B, H, W, C) view so the batch stride is H*W*C even for B = 1:
-        # oneDNN only takes its fast channels-last depthwise path then (up to
-        # 5x faster, and its output flattens back to tokens without a copy).
-        grid = h.reshape(b, hw[0], hw[1], c).permute(0, 3, 1, 2)
+        # Channels-last view (see tokens_to_map): oneDNN's fast depthwise
+        # path, and its output flattens back to tokens without a copy.
+        grid = tokens_to_map(h, hw)
         # Accumulate into the conv output (autograd does not need it): one
         # large allocation fewer, which at high resolution costs page faults.
         h = self.dwconv(grid).flatten(2).transpose(1, 2).add_(h)

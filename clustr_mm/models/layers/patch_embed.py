@@ -31,3 +31,15 @@ class OverlapPatchEmbed(nn.Module):
         x = self.proj(x)
         hw = (x.shape[2], x.shape[3])
         return self.norm(x.flatten(2).transpose(1, 2)), hw
+
+
+def tokens_to_map(x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+    """(B, N, C) tokens -> (B, C, H, W) as a channels-last view (no copy).
+
+    Permuting a (B, H, W, C) view keeps the batch stride H*W*C even for
+    B = 1, which oneDNN needs to recognise channels-last (its depthwise and
+    strided convs are several times faster on it, with channels-last output).
+    Maps leaving a backbone must be made contiguous: necks and heads (e.g.
+    mmcv's CPU RoIAlign) assume standard NCHW.
+    """
+    return x.reshape(x.shape[0], hw[0], hw[1], x.shape[2]).permute(0, 3, 1, 2)

@@ -45,6 +45,7 @@ from torch import nn
 
 from ...registry import register_model
 from .attention import split_heads
+from .patch_embed import tokens_to_map
 from .token_clustering import (DPCKNNClustering, WindowLayout, _cols_aug,
                                _k_smallest, _rows_aug, default_chunk_elems)
 
@@ -150,11 +151,6 @@ def assignment_map(assignment: torch.Tensor, hw: Grid) -> torch.Tensor:
     if a.dtype == torch.long:
         return a.reshape(a.shape[0], *hw)
     return a.reshape(a.shape[0], a.shape[1], *hw)
-
-
-def _channels_first(x: torch.Tensor, hw: Grid) -> torch.Tensor:
-    """(B, N, C) -> (B, C, H, W) channels-last view (no copy)."""
-    return x.reshape(x.shape[0], hw[0], hw[1], x.shape[2]).permute(0, 3, 1, 2)
 
 
 def _pad_to_multiple(grid: torch.Tensor, stride: int) -> torch.Tensor:
@@ -289,7 +285,7 @@ class SoftCluster(TokenReducer):
         if self.net == 'mlp':
             return self.fc2(self.act(self.fc1(x)))
         # channels-last view, no copy (see ConvFFN for why not transpose)
-        h = self.act(self.dwconv(_channels_first(x, hw)))
+        h = self.act(self.dwconv(tokens_to_map(x, hw)))
         return self.to_clusters(self.act(self.pwconv(
             h.flatten(2).transpose(1, 2))))
 
@@ -343,7 +339,7 @@ class GridPool(TokenReducer):
 
     def forward(self, x: torch.Tensor, hw: Grid,
                 weights: Optional[torch.Tensor] = None) -> Reduction:
-        grid = _pad_to_multiple(_channels_first(x, hw), self.sr_ratio)
+        grid = _pad_to_multiple(tokens_to_map(x, hw), self.sr_ratio)
         z = self.norm(self.sr(grid).flatten(2).transpose(1, 2))
         ids = [self.cell_ids(hw, x.device).expand(x.shape[0], -1)]
         self._keep(ids)
@@ -452,15 +448,15 @@ class CentroidAttention(TokenReducer):
     def initial_centroids(self, x: torch.Tensor, hw: Grid) -> torch.Tensor:
         """(B, N, C) -> (B, M, C) centroids before the updates."""
         if self.sr_ratio is None:
-            grid = F.adaptive_avg_pool2d(_channels_first(x, hw),
+            grid = F.adaptive_avg_pool2d(tokens_to_map(x, hw),
                                          _grid_shape(self.num_clusters))
         elif self.init == 'conv':
             grid = self.init_conv(
-                _pad_to_multiple(_channels_first(x, hw), self.sr_ratio))
+                _pad_to_multiple(tokens_to_map(x, hw), self.sr_ratio))
         elif self.sr_ratio == 1:
             return x
         else:
-            grid = F.avg_pool2d(_channels_first(x, hw), self.sr_ratio,
+            grid = F.avg_pool2d(tokens_to_map(x, hw), self.sr_ratio,
                                 ceil_mode=True)
         return grid.flatten(2).transpose(1, 2)
 
