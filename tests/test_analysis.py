@@ -283,3 +283,104 @@ def test_visualize_clusters_end_to_end(tiny_data, tmp_path, config, kind):
             panel['stage'], panel['block']))
         m = rec['maps'][panel['scale']]
         _check_hard_panel(pixels, panel, m if m.dim() == 2 else m.argmax(0))
+
+
+# --------------------------------------------------------------------------
+# CONFIG [CHECKPOINT], the mm tools' order, for get_flops and
+# visualize_clusters
+
+CLS_EMBEDDED = 'configs/clustr/clustr-t_embedded-imagenet.py'
+
+
+@pytest.fixture
+def cls_checkpoint(tmp_path):
+    """A runner-style checkpoint (``meta`` + ``state_dict``) of the embedded
+    classifier, with weights drawn from seed 1 (the tools' random
+    initialisation uses seed 0, so loaded weights are told apart)."""
+    tool = _load_tool('visualize_clusters')
+    torch.manual_seed(1)
+    model, _ = tool.build_model(str(ROOT / CLS_EMBEDDED))
+    state = model.state_dict()
+    path = tmp_path / 'epoch_1.pth'
+    torch.save(dict(meta=dict(epoch=1), state_dict=state), path)
+    return path, state
+
+
+def test_get_flops_loads_checkpoint(cls_checkpoint, tmp_path):
+    tool = _load_tool('get_flops')
+    path, state = cls_checkpoint
+    config = str(ROOT / CLS_EMBEDDED)
+    bare = tool.get_flops(config)
+    r = tool.get_flops(config, checkpoint=str(path))
+    assert bare['checkpoint'] is None
+    assert r['checkpoint'] == dict(path=str(path), into='model',
+                                   loaded=len(state), tensors=len(state),
+                                   reinitialized=[])
+    # the counts do not depend on the weights
+    assert r['flops'] == bare['flops'] and r['by_part'] == bare['by_part']
+    assert 'weights: ' + str(path) in tool.format_result(r)
+
+    # backbone-only weights go into the backbone
+    backbone = {k[len('backbone.'):]: v for k, v in state.items()
+                if k.startswith('backbone.')}
+    torch.save(backbone, tmp_path / 'backbone.pth')
+    r = tool.get_flops(config, checkpoint=str(tmp_path / 'backbone.pth'))
+    assert r['checkpoint']['into'] == 'backbone'
+    assert r['checkpoint']['loaded'] == r['checkpoint']['tensors'] == len(
+        backbone)
+    # weights of something else are refused, not silently ignored
+    torch.save(dict(state_dict={'fc.weight': torch.zeros(2, 2)}),
+               tmp_path / 'other.pth')
+    with pytest.raises(RuntimeError, match='none of the'):
+        tool.get_flops(config, checkpoint=str(tmp_path / 'other.pth'))
+
+
+def test_get_flops_cli_with_checkpoint(cls_checkpoint, tmp_path):
+    path, state = cls_checkpoint
+    out = tmp_path / 'flops.json'
+    proc = run_tool(['tools/analysis/get_flops.py', CLS_EMBEDDED, str(path),
+                     '--json', str(out)], timeout=300)
+    assert (f'weights: {path} ({len(state)} of {len(state)} model tensors '
+            'loaded)') in proc.stdout
+    assert json.loads(out.read_text())['checkpoint']['loaded'] == len(state)
+
+
+def test_visualize_clusters_config_checkpoint_order(tiny_data, tmp_path,
+                                                    cls_checkpoint):
+    tool = _load_tool('visualize_clusters')
+    path, state = cls_checkpoint
+    config = str(ROOT / CLS_EMBEDDED)
+    image = str(sorted((tiny_data / 'imagenet' / 'val').glob('*.JPEG'))[0])
+    common = ['--shape', '64', '64', '--tile', '64']
+
+    model, _ = tool.build_model(config, str(path))
+    own = model.state_dict()
+    assert all(torch.equal(own[k], v) for k, v in state.items())
+
+    def maps(records):
+        return [(r['stage'], r['block'], m) for r in records
+                for m in r['maps']]
+
+    def same(a, b):
+        return len(a) == len(b) and all(
+            x[:2] == y[:2] and torch.equal(x[2], y[2]) for x, y in zip(a, b))
+
+    new = tool.main([config, str(path), '--image', image, '--out',
+                     str(tmp_path / 'new.png'), *common])[2]
+    old = tool.main([image, config, str(path), '--out',
+                     str(tmp_path / 'old.png'), *common])[2]
+    bare = tool.main([config, '--image', image, '--out',
+                      str(tmp_path / 'bare.png'), *common])[2]
+    assert maps(new) and same(maps(new), maps(old))
+    assert (tmp_path / 'new.png').read_bytes() == (
+        tmp_path / 'old.png').read_bytes()
+    # the checkpoint's weights, not the random ones, made the clusters
+    assert not same(maps(new), maps(bare))
+
+    out = ['--out', str(tmp_path / 'x.png')]
+    for bad in ([config, str(path), *out],               # no image
+                [image, config, '--image', image, *out],  # two images
+                [config, str(tmp_path / 'missing.pth'), '--image', image,
+                 *out]):
+        with pytest.raises(SystemExit):
+            tool.parse_args(bad)

@@ -1,8 +1,14 @@
 """Parameters and FLOPs of any clustr_mm config (mmpretrain, mmdet, mmseg,
 mmpose), with attention and clustering counted.
 
-    python tools/analysis/get_flops.py CONFIG [--shape H W] [--json OUT]
-        [--cfg-options k=v ...]
+    python tools/analysis/get_flops.py CONFIG [CHECKPOINT] [--shape H W]
+        [--json OUT] [--cfg-options k=v ...]
+
+CHECKPOINT (optional, the mm tools' order): a runner checkpoint of the whole
+model (``tools/train.py`` output) or backbone-only weights. The counts do not
+depend on the weights (fixed shapes, analytic clustering count, fixed
+proposals); the checkpoint is loaded so that a mismatch with the config is
+caught and the report names the weights it describes.
 
 Counting: one multiply-add = one FLOP, via ``mmengine.analysis.FlopAnalyzer``
 plus our handles for ``scaled_dot_product_attention`` and fused multi-head
@@ -72,6 +78,26 @@ def build_model(cfg: Config) -> torch.nn.Module:
         return registry.build(cfg.model)
 
 
+def load_weights(model: torch.nn.Module, checkpoint: str) -> dict:
+    """Load ``checkpoint`` into ``model`` (whole model, or its backbone when
+    the file holds backbone weights only). Returns what was loaded.
+
+    Reads without unpickling objects; raises when no tensor fits the model,
+    warns about missing, unused or re-initialised (shape-changed) ones.
+    """
+    from clustr_mm.utils.checkpoint import load_backbone_state, read_checkpoint
+    state = read_checkpoint(checkpoint)
+    whole = any(k.startswith('backbone.') for k in state)
+    backbone = getattr(model, 'backbone', None)
+    target = model if whole or backbone is None else backbone
+    report = load_backbone_state(target, state)
+    return dict(path=checkpoint,
+                into='model' if target is model else 'backbone',
+                loaded=len(report['loaded']),
+                tensors=len(target.state_dict()),
+                reinitialized=report['reinitialized'])
+
+
 def _find_crop(pipeline):
     for step in pipeline or ():
         if step.get('type') == 'CenterCrop':
@@ -137,8 +163,10 @@ def counted_path(model, scope: str, shape):
     return x, forward, what
 
 
-def get_flops(config: str, shape=None, cfg_options=None) -> dict:
-    """Params and FLOPs of ``config``; returns a JSON-friendly dict."""
+def get_flops(config: str, shape=None, cfg_options=None,
+              checkpoint=None) -> dict:
+    """Params and FLOPs of ``config`` (with ``checkpoint``'s weights if
+    given); returns a JSON-friendly dict."""
     cfg = Config.fromfile(config)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
@@ -148,8 +176,9 @@ def get_flops(config: str, shape=None, cfg_options=None) -> dict:
         div = cfg.model.get('data_preprocessor', {}).get('pad_size_divisor',
                                                          1) or 1
         shape = tuple(int(math.ceil(s / div) * div) for s in shape)
-    # Pretrained weights are irrelevant to the count: do not load them.
+    # Pretrained weights (init_cfg) are irrelevant to the count: not loaded.
     model = build_model(cfg).eval()
+    weights = load_weights(model, checkpoint) if checkpoint else None
     params = sum(p.numel() for p in model.parameters())
     backbone = getattr(model, 'backbone', None)
     backbone_params = (sum(p.numel() for p in backbone.parameters())
@@ -157,7 +186,8 @@ def get_flops(config: str, shape=None, cfg_options=None) -> dict:
     inputs, forward, what = counted_path(model, scope, shape)
     report: FlopReport = analyze_flops(model, inputs, forward)
     return dict(
-        config=config, scope=scope, input=[1, 3, *shape], counted=what,
+        config=config, checkpoint=weights, scope=scope,
+        input=[1, 3, *shape], counted=what,
         params=params, backbone_params=backbone_params,
         flops=report.total,
         flops_without_attention_and_clustering=(
@@ -177,6 +207,11 @@ def format_result(r: dict) -> str:
     g = 1e9
     lines = [
         f'config:  {r["config"]} ({r["scope"]})',
+        'weights: ' + (f'{w["path"]} ({w["loaded"]} of {w["tensors"]} '
+                       f'{w["into"]} tensors loaded)'
+                       if (w := r.get('checkpoint')) else
+                       'none (random initialisation; counts do not depend '
+                       'on weights)'),
         f'input:   {"x".join(map(str, r["input"]))}',
         f'counted: {r["counted"]}',
         f'params:  {r["params"] / 1e6:.2f} M (backbone '
@@ -203,6 +238,9 @@ def format_result(r: dict) -> str:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('config')
+    parser.add_argument('checkpoint', nargs='?',
+                        help='weights to load (whole model or backbone); '
+                        'optional, the counts do not depend on them')
     parser.add_argument('--shape', type=int, nargs='+', metavar='N',
                         help='input H W (one value: square); default: the '
                         "library's standard input")
@@ -216,7 +254,7 @@ def main(argv=None):
             parser.error('--shape takes H W or one size')
         shape = shape * 2 if len(shape) == 1 else shape
     torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS', 2)))
-    result = get_flops(args.config, shape, args.cfg_options)
+    result = get_flops(args.config, shape, args.cfg_options, args.checkpoint)
     print(format_result(result))
     if args.json:
         os.makedirs(osp.dirname(osp.abspath(args.json)), exist_ok=True)

@@ -1,8 +1,13 @@
 """Show which pixels went to which cluster, for chosen stages and blocks.
 
-    python tools/analysis/visualize_clusters.py IMAGE CONFIG [CHECKPOINT] \
-        --out clusters.png [--stages 0 1 2] [--blocks 0] [--shape H W] \
-        [--num-heatmaps 6] [--tile 224]
+    python tools/analysis/visualize_clusters.py CONFIG [CHECKPOINT] \
+        --image IMAGE --out clusters.png [--stages 0 1 2] [--blocks 0] \
+        [--shape H W] [--num-heatmaps 6] [--tile 224] [--cfg-options k=v ...]
+
+CONFIG [CHECKPOINT] come first as in the mm tools; the checkpoint is a
+runner checkpoint of the whole model (``tools/train.py`` output) or
+backbone-only weights. The older order ``IMAGE CONFIG [CHECKPOINT]`` (no
+``--image``) still works.
 
 One row per (stage, block) whose attention uses clusters, the input image on
 the left and, to its right:
@@ -316,13 +321,27 @@ def render(image: Image.Image, records: List[dict], tile: int = 224,
     return canvas, placed
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('image')
-    parser.add_argument('config')
-    parser.add_argument('checkpoint', nargs='?',
-                        help='weights (whole model or backbone); default: '
-                        'random initialisation')
+CONFIG_SUFFIXES = ('.py', '.json', '.yaml', '.yml')
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Arguments, with ``config``, ``checkpoint`` and ``image`` resolved from
+    either order: ``CONFIG [CHECKPOINT] --image IMAGE`` (mm tools) or
+    ``IMAGE CONFIG [CHECKPOINT]``."""
+    from mmengine.config import DictAction
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        usage='%(prog)s CONFIG [CHECKPOINT] --image IMAGE --out OUT '
+        '[options]\n       %(prog)s IMAGE CONFIG [CHECKPOINT] --out OUT '
+        '[options]')
+    parser.add_argument('paths', nargs='+', metavar='PATH',
+                        help='CONFIG [CHECKPOINT] (or IMAGE CONFIG '
+                        '[CHECKPOINT]); the checkpoint holds the whole model '
+                        'or its backbone; default: random initialisation')
+    parser.add_argument('--image', help='the picture to cluster (required '
+                        'when CONFIG comes first)')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config entries, key=value')
     parser.add_argument('--out', required=True, help='PNG to write')
     parser.add_argument('--stages', type=int, nargs='+',
                         help='0-based stages (default: every stage with '
@@ -339,8 +358,38 @@ def main(argv=None):
                         help='panel width in pixels (default: 224)')
     args = parser.parse_args(argv)
 
+    paths = args.paths
+    if len(paths) > 3:
+        parser.error(f'too many paths: {paths}')
+    if paths[0].lower().endswith(CONFIG_SUFFIXES):  # CONFIG [CHECKPOINT]
+        if len(paths) > 2:
+            parser.error('CONFIG [CHECKPOINT] first: give the image with '
+                         f'--image, not as a third path ({paths[2]})')
+        if not args.image:
+            parser.error('--image IMAGE is required when CONFIG comes first')
+        args.config, args.checkpoint = paths[0], (paths[1:] or [None])[0]
+    else:  # IMAGE CONFIG [CHECKPOINT]
+        if args.image:
+            parser.error(f'two images: {paths[0]} and --image {args.image}')
+        if len(paths) < 2 or not paths[1].lower().endswith(CONFIG_SUFFIXES):
+            parser.error('expected CONFIG [CHECKPOINT] --image IMAGE or '
+                         f'IMAGE CONFIG [CHECKPOINT], got {paths}')
+        args.image, args.config = paths[:2]
+        args.checkpoint = (paths[2:] or [None])[0]
+    for what in ('image', 'config', 'checkpoint'):
+        path = getattr(args, what)
+        if path and not osp.isfile(path) and not (
+                what == 'checkpoint' and path.startswith(('http://',
+                                                          'https://'))):
+            parser.error(f'{what} not found: {path}')
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+
     torch.manual_seed(0)
-    model, cfg = build_model(args.config, args.checkpoint)
+    model, cfg = build_model(args.config, args.checkpoint, args.cfg_options)
     backbone = getattr(model, 'backbone', model)
     mean, std = normalisation(cfg)
     image, x = load_image(args.image, tuple(args.shape), mean, std)
