@@ -1,9 +1,15 @@
-"""Install clustr_mm (``pip install -e .``).
+"""Install clustr_mm into an existing OpenMMLab environment.
 
-The pinned OpenMMLab stack has install traps (mmcv must be compiled with a
-patched flag, mmpose's chumpy dependency does not build), so the full
-environment is made by ``bash tools/setup_env.sh``; the requirements below are
-what the package itself imports.
+    pip install -e .            # keeps the installed torch, mmengine and mmcv
+
+The requirements state what the code needs (ranges), not the environment the
+project is tested in: the exact, reproducible stacks are the lock files in
+requirements/ and are made by ``bash tools/setup_env.sh`` (see
+docs/environments.md). torch and mmcv are never pulled in as upgrades: torch is
+only required to be >= 2.0, and mmcv (which has to match torch and is compiled
+with its ops) is not a requirement of the package at all -- the backbones do
+not import it; the task extras below name the range the task libraries accept.
+clustr_mm/env_check.py checks the same bounds at import / config-build time.
 """
 import re
 from pathlib import Path
@@ -14,6 +20,21 @@ ROOT = Path(__file__).parent
 VERSION = re.search(r"__version__ = '([^']+)'",
                     (ROOT / 'clustr_mm' / '__init__.py').read_text()).group(1)
 
+# mmdet 3.3, mmseg 1.2 and mmpose 1.3 assert mmcv < 2.2 at import.
+MMCV = 'mmcv>=2.0.0rc4,<2.2.0'
+EXTRAS = {
+    # Lower bounds: the versions the configs were tested with; upper bounds
+    # only where a break is known.
+    'det': [MMCV, 'mmdet>=3.3.0'],
+    'seg': [MMCV, 'mmsegmentation>=1.2.2', 'ftfy', 'regex'],
+    'cls': ['mmpretrain>=1.2.0'],
+    # mmpose itself must be installed with `pip install --no-deps mmpose`
+    # (its declared chumpy dependency does not build); these are its real
+    # runtime needs.
+    'pose': [MMCV, 'json_tricks', 'munkres', 'xtcocotools'],
+}
+EXTRAS['all'] = sorted({r for reqs in EXTRAS.values() for r in reqs})
+
 setup(
     name='clustr_mm',
     version=VERSION,
@@ -22,13 +43,11 @@ setup(
     long_description=(ROOT / 'README.md').read_text(),
     long_description_content_type='text/markdown',
     packages=find_packages(include=['clustr_mm', 'clustr_mm.*']),
-    python_requires='>=3.11,<3.12',
+    python_requires='>=3.9',
     install_requires=[
-        'torch==2.14.1',
-        'mmengine==0.10.7',
-        'mmcv==2.1.0',
+        'torch>=2.0',
+        'mmengine>=0.8,<1.0',
+        'numpy',
     ],
-    extras_require={
-        'tasks': ['mmdet==3.3.0', 'mmsegmentation==1.2.2', 'mmpretrain==1.2.0'],
-    },
+    extras_require=EXTRAS,
 )

@@ -1,17 +1,26 @@
-"""The pinned stack is what the environment script promised."""
+"""The pinned stack is what the environment script promised, and an
+unsupported stack is refused with a message that names what to fix."""
 import importlib
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+# Written by tools/setup_env.sh into the venv it made; absent elsewhere.
+STACK_FILE = Path(sys.prefix) / '.clustr_mm_stack'
+STACK = STACK_FILE.read_text().strip() if STACK_FILE.exists() else None
 
 
 def _pins():
+    if STACK is None:
+        return {}
+    torch_req = 'torch.txt' if STACK == 'default' else f'{STACK}.txt'
     pins = {}
-    for name in ('torch.txt', 'mmlibs.txt'):
+    for name in (torch_req, 'mmlibs.txt'):
         for line in (ROOT / 'requirements' / name).read_text().splitlines():
             m = re.match(r'^([A-Za-z0-9_.-]+)==([^\s#]+)', line)
             if m:
@@ -20,6 +29,7 @@ def _pins():
     return pins
 
 
+@pytest.mark.skipif(STACK is None, reason='not a tools/setup_env.sh venv')
 @pytest.mark.parametrize('dist,version', sorted(_pins().items()))
 def test_installed_versions_match_pins(dist, version):
     from importlib.metadata import version as installed
@@ -59,3 +69,112 @@ def test_reimport_does_not_fail_registration():
     importlib.reload(mod)
     from mmengine.registry import MODELS
     assert MODELS.get('ClusTR') is mod.ClusTR
+
+
+# --- Supported ranges (setup.py) and the clear errors of clustr_mm.env_check.
+
+def test_setup_py_states_ranges_not_pins():
+    """setup.py requires what the code needs; the pins live in requirements/."""
+    out = subprocess.run(
+        [sys.executable, '-c', 'import runpy, setuptools, sys, json\n'
+         'seen = {}\n'
+         'setuptools.setup = lambda **kw: seen.update(kw)\n'
+         'runpy.run_path("setup.py")\n'
+         'print(json.dumps([seen["python_requires"], seen["install_requires"],'
+         ' seen["extras_require"]]))'],
+        cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    import json
+    python, install, extras = json.loads(out.splitlines()[-1])
+    assert python == '>=3.9'
+    assert set(install) == {'torch>=2.0', 'mmengine>=0.8,<1.0', 'numpy'}
+    assert not any('==' in r for r in install + sum(extras.values(), []))
+    assert not any(r.startswith('mmcv') for r in install)  # never upgraded
+    assert 'mmcv>=2.0.0rc4,<2.2.0' in extras['det']
+    from clustr_mm import env_check
+    assert env_check.CORE == {'torch': ('2.0', None),
+                              'mmengine': ('0.8', '1.0')}
+
+
+@pytest.mark.parametrize('text,parsed', [
+    ('2.1.2+cu121', (2, 1, 2, 0, 0)), ('2.0.0rc4', (2, 0, 0, -1, 4)),
+    ('0.10', (0, 10, 0, 0, 0)), ('1.26.4', (1, 26, 4, 0, 0))])
+def test_parse_version(text, parsed):
+    from clustr_mm.env_check import parse_version
+    assert parse_version(text) == parsed
+    assert parse_version('2.0.0rc4') < parse_version('2.0.0') < \
+        parse_version('2.1.0') < parse_version('2.2.0')
+
+
+@pytest.mark.parametrize('dist,fake,needed', [
+    ('torch', '1.13.1', '>= 2.0'), ('mmengine', '1.0.0', '>= 0.8 and < 1.0'),
+    ('mmengine', '0.7.4', '>= 0.8 and < 1.0')])
+def test_import_refuses_unsupported_core_versions(dist, fake, needed):
+    """A fresh interpreter where ``dist`` reports version ``fake``."""
+    code = (
+        'import importlib.metadata as md\n'
+        'real = md.version\n'
+        f'md.version = lambda d: {fake!r} if d == {dist!r} else real(d)\n'
+        'import clustr_mm\n')
+    proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith('clustr_mm.env_check.UnsupportedEnvironmentError')
+    assert f'needs {dist} {needed}' in last and f'found {dist} {fake}' in last
+
+
+def test_check_refuses_numpy_torch_mismatch(monkeypatch):
+    from clustr_mm import env_check
+
+    def broken(array):
+        raise RuntimeError('Numpy is not available')
+
+    monkeypatch.setattr(torch, 'from_numpy', broken)
+    with pytest.raises(env_check.UnsupportedEnvironmentError,
+                       match=r'cannot use numpy .*needs numpy < 2'):
+        env_check.check_numpy_torch()
+
+
+def test_detection_without_mmcv_ops_is_a_clear_error(tiny_data, tmp_path):
+    """tools/train.py on a detection config with mmcv-lite (no mmcv._ext):
+    our message, before mmdet's models fail to import deep inside mmcv."""
+    blocker = tmp_path / 'site'
+    blocker.mkdir()
+    (blocker / 'sitecustomize.py').write_text(
+        'import sys\n'
+        'class HideMmcvExt:\n'
+        '    def find_spec(self, name, path=None, target=None):\n'
+        '        if name == "mmcv._ext":\n'
+        '            raise ModuleNotFoundError("No module named \'mmcv._ext\'")\n'
+        'sys.meta_path.insert(0, HideMmcvExt())\n')
+    import os
+    env = dict(os.environ, PYTHONPATH=str(blocker), OMP_NUM_THREADS='2')
+    proc = subprocess.run(
+        [sys.executable, 'tools/train.py',
+         'configs/clustr/mask-rcnn_clustr-t_fpn_embedded-coco.py',
+         '--work-dir', str(tmp_path / 'wd')],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith('clustr_mm.env_check.UnsupportedEnvironmentError'), \
+        proc.stderr[-3000:]
+    assert 'mmdet 3.3.0 models need mmcv with compiled ops (mmcv._ext)' in last
+    assert 'found mmcv 2.1.0 without them' in last
+
+
+def test_scope_check_names_task_library_and_mmcv_range(monkeypatch):
+    from clustr_mm import env_check
+    real = env_check.installed_version
+    monkeypatch.setattr(env_check, 'installed_version',
+                        lambda d: '2.2.0' if d == 'mmcv' else real(d))
+    with pytest.raises(env_check.UnsupportedEnvironmentError,
+                       match=r'needs mmcv >= 2.0.0rc4 and < 2.2.0, found mmcv '
+                       r'2.2.0\. mmsegmentation 1.2.2 models import mmcv.ops'):
+        env_check.check_scope('mmseg')
+    env_check.check_scope('mmpretrain')  # needs no mmcv ops
+    monkeypatch.setattr(env_check, 'installed_version',
+                        lambda d: None if d == 'mmdet' else real(d))
+    with pytest.raises(env_check.UnsupportedEnvironmentError,
+                       match=r'needs mmdet >= 3.3.0, but mmdet is not '
+                       'installed'):
+        env_check.check_scope('mmdet')

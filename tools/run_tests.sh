@@ -1,10 +1,51 @@
 #!/usr/bin/env bash
-# The test command: set up (or re-check) the environment, then run the suite.
+# The test command: set up (or re-check) each tested stack, then run its tests.
 #   bash tools/run_tests.sh [pytest args]
-set -euo pipefail
+#
+# Stacks (docs/environments.md), in order:
+#   default   .venv           the whole suite
+#   torch2.1  .venv-torch2.1  a focused subset: backbone, checkpoint and
+#                             environment unit tests + Mask R-CNN ClusTR-T
+#                             train/test end to end with tools/train.py/test.py
+# CLUSTR_MM_STACKS="default" (or "torch2.1") runs only those. pytest args go to
+# every stack. Every stack runs even if an earlier one fails; the exit status
+# is non-zero if any failed.
+set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-bash "$ROOT/tools/setup_env.sh"
-VENV="${CLUSTR_MM_VENV:-$ROOT/.venv}"
+STACKS="${CLUSTR_MM_STACKS:-default torch2.1}"
 cd "$ROOT"
-"$VENV/bin/python" tools/data/make_tiny_data.py --out data
-exec "$VENV/bin/python" -m pytest tests "$@"
+
+# The second stack's subset (keeps CI well inside its time limit).
+TORCH21_TESTS=(
+  tests/test_clustr.py tests/test_paca.py tests/test_reducers.py
+  tests/test_checkpoint_safety.py tests/test_env.py
+  'tests/test_tools.py::test_train_then_test[mask-rcnn-clustr]'
+)
+
+FAILED=()
+for STACK in $STACKS; do
+  START=$SECONDS
+  echo "[run_tests] ===== stack $STACK ====="
+  if [ "$STACK" = default ]; then
+    VENV="${CLUSTR_MM_VENV:-$ROOT/.venv}"
+    TESTS=(tests)
+  else
+    VENV="$ROOT/.venv-$STACK"
+    case "$STACK" in
+      torch2.1) TESTS=("${TORCH21_TESTS[@]}") ;;
+      *) echo "[run_tests] unknown stack $STACK" >&2; FAILED+=("$STACK"); continue ;;
+    esac
+  fi
+  if ! CLUSTR_MM_STACK="$STACK" CLUSTR_MM_VENV="$VENV" bash "$ROOT/tools/setup_env.sh"; then
+    FAILED+=("$STACK (setup)"); continue
+  fi
+  "$VENV/bin/python" tools/data/make_tiny_data.py --out data || { FAILED+=("$STACK (data)"); continue; }
+  "$VENV/bin/python" -m pytest "${TESTS[@]}" "$@" || FAILED+=("$STACK")
+  echo "[run_tests] stack $STACK: $(( (SECONDS - START) / 60 )) min $(( (SECONDS - START) % 60 )) s"
+done
+
+if [ ${#FAILED[@]} -gt 0 ]; then
+  echo "[run_tests] FAILED: ${FAILED[*]}" >&2
+  exit 1
+fi
+echo "[run_tests] all stacks passed: $STACKS"

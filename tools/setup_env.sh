@@ -1,16 +1,31 @@
 #!/usr/bin/env bash
-# Create or update the project's virtual environment with the pinned OpenMMLab
-# stack. Idempotent: a second run only re-checks the installation (seconds).
+# Create or update a virtual environment with one of the tested, pinned
+# OpenMMLab stacks (docs/environments.md). Idempotent: a second run only
+# re-checks the installation (seconds).
 #
-#   bash tools/setup_env.sh            # venv at .venv (override: CLUSTR_MM_VENV)
+#   bash tools/setup_env.sh                          # default stack -> .venv
+#   CLUSTR_MM_STACK=torch2.1 bash tools/setup_env.sh # torch 2.1.2 -> .venv-torch2.1
+#
+# A stack is its torch pair, requirements/torch.txt (default) or
+# requirements/torch<X.Y>.txt, plus the shared lock requirements/mmlibs.txt.
+# Override the venv path with CLUSTR_MM_VENV, the base interpreter with
+# CLUSTR_MM_PYTHON.
 #
 # The mmcv 2.1.0 wheel (12-18 min to compile on 2 cores) is cached outside the
 # repo in ${CLUSTR_MM_CACHE:-~/.cache/clustr_mm}, keyed by mmcv, torch, python
-# and device flavour, so the build happens once per machine.
+# and device flavour, so the build happens once per machine and stack.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${CLUSTR_MM_VENV:-$ROOT/.venv}"
+STACK="${CLUSTR_MM_STACK:-default}"
+if [ "$STACK" = default ]; then
+  TORCH_REQ="$ROOT/requirements/torch.txt"
+  VENV="${CLUSTR_MM_VENV:-$ROOT/.venv}"
+else
+  TORCH_REQ="$ROOT/requirements/$STACK.txt"
+  VENV="${CLUSTR_MM_VENV:-$ROOT/.venv-$STACK}"
+fi
+[ -f "$TORCH_REQ" ] || { echo "[setup_env] unknown stack '$STACK': no $TORCH_REQ" >&2; exit 2; }
 CACHE="${CLUSTR_MM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/clustr_mm}"
 PY_BASE="${CLUSTR_MM_PYTHON:-python3.11}"
 MMCV_VERSION=2.1.0
@@ -28,14 +43,17 @@ trap fail ERR
 
 # Everything that defines the environment; a change re-runs the installs.
 fingerprint() {
-  cat "$ROOT"/requirements/*.txt "$ROOT/tools/setup_env.sh" "$ROOT/setup.py" | sha256sum | cut -c1-16
+  cat "$TORCH_REQ" "$ROOT"/requirements/mmlibs.txt "$ROOT"/requirements/tests.txt \
+    "$ROOT/tools/setup_env.sh" "$ROOT/setup.py" | sha256sum | cut -c1-16
 }
 
-step "1/7 virtual environment ($VENV)"
+step "1/7 virtual environment ($VENV, stack $STACK)"
 if [ ! -x "$VENV/bin/python" ]; then
   command -v "$PY_BASE" >/dev/null || { echo "need $PY_BASE (set CLUSTR_MM_PYTHON)" >&2; false; }
   "$PY_BASE" -m venv "$VENV"
 fi
+echo '*' >"$VENV/.gitignore"         # keep any venv name out of git
+echo "$STACK" >"$VENV/.clustr_mm_stack" # tests/test_env.py checks this stack's pins
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip --disable-pip-version-check)
 export PIP_PROGRESS_BAR=off
@@ -44,7 +62,7 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(fingerprint)" ]; then
   echo "[setup_env] environment up to date; checking it"
 else
   step "2/7 torch + torchvision (first time: large download)"
-  "${PIP[@]}" install -q -r "$ROOT/requirements/torch.txt" 'setuptools<82' wheel \
+  "${PIP[@]}" install -q -r "$TORCH_REQ" 'setuptools<82' wheel \
     numpy==1.26.4 ninja cython
 
   step "3/7 mmcv $MMCV_VERSION with ops (cached wheel)"
@@ -60,8 +78,12 @@ else
       "mmcv==$MMCV_VERSION" -d "$BUILD"
     tar -xzf "$BUILD"/mmcv-*.tar.gz -C "$BUILD"
     SRC=$(echo "$BUILD"/mmcv-$MMCV_VERSION)
-    # torch >= 2.5 headers need C++20; mmcv 2.1.0 hard-codes C++17.
-    sed -i 's/-std=c++17/-std=c++20/g' "$SRC/setup.py"
+    # torch >= 2.5 headers need C++20; mmcv 2.1.0 hard-codes C++17, which
+    # is right for older torch.
+    if "$PY" -c 'import sys, torch; v = torch.__version__.split("+")[0].split(".")
+sys.exit(0 if (int(v[0]), int(v[1])) >= (2, 5) else 1)'; then
+      sed -i 's/-std=c++17/-std=c++20/g' "$SRC/setup.py"
+    fi
     export MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-$(nproc)}"
     [ "$FLAVOUR" = cuda ] && export FORCE_CUDA=1
     LOG="$BUILD/build.log"
@@ -82,8 +104,9 @@ else
   "${PIP[@]}" install -q --no-deps "$WHEEL_DIR"/mmcv-*.whl
 
   step "4/7 mmengine, mmdet, mmsegmentation, mmpretrain and their needs"
+  # -c: nothing here may move the stack's torch pair.
   "${PIP[@]}" install -q -r "$ROOT/requirements/mmlibs.txt" -r "$ROOT/requirements/tests.txt" \
-    "$WHEEL_DIR"/mmcv-*.whl addict rich termcolor yapf
+    -c "$TORCH_REQ" "$WHEEL_DIR"/mmcv-*.whl addict rich termcolor yapf
 
   step "5/7 xtcocotools $XTCOCO_VERSION from source (the binary wheel breaks on this numpy)"
   NP_V=$("$PY" -c 'import numpy; print(numpy.__version__)')
@@ -97,8 +120,18 @@ else
   step "6/7 mmpose 1.3.2 (without its declared deps: chumpy does not build)"
   "${PIP[@]}" install -q --no-deps mmpose==1.3.2
 
-  step "7/7 clustr_mm (editable)"
-  "${PIP[@]}" install -q --no-deps --no-build-isolation -e "$ROOT"
+  step "7/7 clustr_mm (editable, plain 'pip install -e .': must not move the stack)"
+  stack_versions() {
+    "$PY" -c 'from importlib.metadata import version as v
+print(*(f"{d}=={v(d)}" for d in ("torch", "torchvision", "mmcv", "mmengine", "numpy")))'
+  }
+  BEFORE=$(stack_versions)
+  "${PIP[@]}" install -q -e "$ROOT"
+  AFTER=$(stack_versions)
+  if [ "$BEFORE" != "$AFTER" ]; then
+    echo "[setup_env] 'pip install -e .' changed the stack: $BEFORE -> $AFTER" >&2
+    false
+  fi
   fingerprint >"$STAMP"
 fi
 
@@ -106,7 +139,7 @@ STEP="final check"
 "$PY" - <<'PYCHECK'
 import importlib
 import torch
-for name in ('mmengine', 'mmcv', 'mmdet', 'mmseg', 'mmpretrain', 'mmpose', 'clustr_mm'):
+for name in ('torch', 'mmengine', 'mmcv', 'mmdet', 'mmseg', 'mmpretrain', 'mmpose', 'clustr_mm'):
     mod = importlib.import_module(name)
     print(f'[setup_env]   {name:10s} {mod.__version__}')
 from mmcv.ops import RoIAlign, nms

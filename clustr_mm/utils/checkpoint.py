@@ -6,7 +6,6 @@ shape. Those layers are re-initialised and named in a warning; everything else
 must load, and a checkpoint that fills nothing is an error (the official code
 silently trained from scratch on a wrong path or prefix).
 """
-import functools
 import os
 import pickle
 import re
@@ -17,6 +16,7 @@ import torch
 from torch import nn
 
 from .convert import unwrap_state_dict
+from .safe_pickle import download_checkpoint, safe_load
 
 StateDict = Dict[str, torch.Tensor]
 
@@ -24,19 +24,19 @@ StateDict = Dict[str, torch.Tensor]
 def read_checkpoint(filename: str, map_location: str = 'cpu') -> StateDict:
     """Read a weights file (local path or URL) without unpickling objects.
 
-    ``weights_only`` loading; importing ``clustr_mm`` allow-lists the
-    data-only types of MMEngine runner checkpoints once for the process.
+    Loads through :func:`clustr_mm.utils.safe_pickle.safe_load`: torch's
+    weights-only loader where it can take our allow-list, a restricted
+    unpickler on older torch; either way only tensors, containers and the
+    data-only types of MMEngine runner checkpoints are rebuilt.
     Accepts a raw state dict or one wrapped under ``state_dict`` or
     ``model`` and strips a DataParallel ``module.`` prefix.
     """
     if filename.startswith(('http://', 'https://')):
-        load = functools.partial(torch.hub.load_state_dict_from_url, filename)
-    elif os.path.isfile(filename):
-        load = functools.partial(torch.load, filename)
-    else:
+        filename = download_checkpoint(filename)
+    elif not os.path.isfile(filename):
         raise FileNotFoundError(f'checkpoint file not found: {filename}')
     try:
-        ckpt = load(map_location=map_location, weights_only=True)
+        ckpt = safe_load(filename, map_location=map_location)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError,
             ValueError) as e:
         unsafe = re.search(r'(?:Unsupported global: |unsupported )GLOBAL (\S+)',
