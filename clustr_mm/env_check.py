@@ -66,7 +66,12 @@ def installed_version(dist: str) -> Optional[str]:
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
+        pass
+    # A source / conda build without pip metadata: ask the module itself.
+    module = {'mmsegmentation': 'mmseg'}.get(dist, dist)
+    if importlib.util.find_spec(module) is None:
         return None
+    return getattr(importlib.import_module(module), '__version__', None)
 
 
 def require(package: str, found: Optional[str], minimum: Optional[str],

@@ -178,3 +178,17 @@ def test_scope_check_names_task_library_and_mmcv_range(monkeypatch):
                        match=r'needs mmdet >= 3.3.0, but mmdet is not '
                        'installed'):
         env_check.check_scope('mmdet')
+
+
+def test_version_without_pip_metadata_comes_from_the_module(monkeypatch):
+    """torch built from source or by conda may carry no dist-info."""
+    import importlib.metadata as md
+
+    from clustr_mm import env_check
+
+    def no_metadata(dist):
+        raise md.PackageNotFoundError(dist)
+
+    monkeypatch.setattr(md, 'version', no_metadata)
+    assert env_check.installed_version('torch') == torch.__version__
+    assert env_check.installed_version('no_such_package_xyz') is None
