@@ -14,8 +14,8 @@ check_core()  # Python, torch, mmengine, numpy: a clear error, not a traceback
 install_scope_check()  # mmdet/mmseg/mmpose configs: mmcv with compiled ops
 
 from . import engine, models  # noqa: E402,F401  (registers hooks, models)
-from .utils.atomic_io import use_atomic_local_writes  # noqa: E402
-from .utils.safe_pickle import allow_runner_checkpoint_types  # noqa: E402
+from .checkpoints.safe_pickle import allow_runner_checkpoint_types  # noqa: E402
+from .engine.atomic_io import use_atomic_local_writes  # noqa: E402
 
 allow_runner_checkpoint_types()
 use_atomic_local_writes()

@@ -12,7 +12,7 @@ from torch import nn
 
 import clustr_mm  # noqa: F401
 from clustr_mm.models.layers import ClusterAttention, PaCaAttention
-from clustr_mm.utils.flops import analyze_flops, dpc_knn_flops
+from clustr_mm.analysis.flops import analyze_flops, dpc_knn_flops
 
 from conftest import run_tool
 
@@ -57,7 +57,7 @@ def test_cluster_attention_hand_count():
     assert ops['linear'] == q + weight_layer + kv1 + kv2 + proj
     # SDPA: heads * N * M * (d_k + d_v), d = 16, per scale
     sdpa = 2 * 64 * 4 * (16 + 16) + 2 * 64 * 16 * (16 + 16)
-    assert ops['scaled_dot_product_attention'] == sdpa
+    assert ops['matmul'] == sdpa
     # DPC-kNN on one window of n = 64 tokens, K = 16 centres:
     distances = (64 * 64 + 64 * 16) * (32 + 2)
     selection = 2 * 64 * 64 + 64 * 5 + 2 * 64 + 64 * (4 + 16)
@@ -95,7 +95,7 @@ def test_paca_attention_hand_count():
     assert report.by_part['backbone/clustering'] == clustering
     assert report.by_part['backbone/attention projections'] == q + k + v + proj
     assert report.by_part['backbone/attention products'] == sdpa
-    assert report.by_operator['scaled_dot_product_attention'] == sdpa
+    assert report.by_operator['matmul'] == sdpa
     assert report.by_operator['bmm'] == merge
     assert report.total == clustering + q + k + v + proj + sdpa
 
@@ -122,7 +122,7 @@ def test_one_block_clustr_backbone_hand_count():
     assert ops['clustering.merge'] == (2 * 256 * 65 + 2 * 64 * 129 +
                                        1 * 16 * 257)
     # SDPA: heads * N * (m1 + m2) * 2d; d = 64 in every stage
-    assert ops['scaled_dot_product_attention'] == (
+    assert ops['matmul'] == (
         1 * 256 * 20 * 128 + 2 * 64 * 20 * 128 + 4 * 16 * (4 + 16) * 128 +
         8 * 4 * 4 * 128)
     assert sum(report.by_part.values()) == report.total
@@ -384,3 +384,118 @@ def test_visualize_clusters_config_checkpoint_order(tiny_data, tmp_path,
                  *out]):
         with pytest.raises(SystemExit):
             tool.parse_args(bad)
+
+
+# --------------------------------------------------------------------------
+# benchmark.py: op census, throughput mode (device, amp, train step)
+
+BENCHMARK = 'tools/analysis/benchmark.py'
+
+
+def test_op_census_counts_ops_and_syncs():
+    from clustr_mm.analysis.op_census import op_census
+    x = torch.randn(6, 4)
+    mask = x[:, 0] > 0
+    repeats = torch.tensor([1, 2, 0, 1, 1, 1])
+    calls = []
+
+    def fn():
+        calls.append(1)
+        y = (x * 2).t().contiguous()          # a view is not an op
+        y.t()[mask]                           # boolean mask: sync
+        y[:, repeats]                         # integer index: none
+        float(y.sum())                        # _local_scalar_dense
+        repeats.tolist()                      # host read of a CPU tensor
+        torch.repeat_interleave(repeats)                 # sync
+        torch.repeat_interleave(repeats, output_size=6)  # none
+
+    census = op_census(fn, warmup=2)
+    assert len(calls) == 3
+    assert census['by_op'] == {'index': 2, 'repeat_interleave': 2, 'mul': 1,
+                               'clone': 1, 'sum': 1,
+                               '_local_scalar_dense': 1}
+    assert census['ops'] == 8
+    assert census['syncs_by_op'] == {'index': 1, '_local_scalar_dense': 1,
+                                     'tolist': 1, 'repeat_interleave': 1}
+    assert census['host_syncs'] == 4
+
+
+def test_benchmark_census(tmp_path):
+    out = tmp_path / 'census.json'
+    proc = run_tool([BENCHMARK, '--census', '--models', 'clustr-t-window',
+                     'paca-t', '--sizes', '64', '--batch', '2', '--threads',
+                     '1', '--out', str(out)], timeout=300)
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith('device: cpu (') and 'batch 2' in lines[0]
+    assert lines[1].startswith('command: python tools/analysis/benchmark.py '
+                               '--census')
+    assert lines[2].split()[:4] == ['model', 'size', 'ops', 'host_syncs']
+    rows = json.loads(out.read_text())
+    assert [r['model'] for r in rows] == ['clustr-t-window', 'paca-t']
+    for r in rows:
+        assert type(r['ops']) is int and r['ops'] > 0
+        assert type(r['host_syncs']) is int and r['host_syncs'] >= 0
+        assert sum(r['by_op'].values()) == r['ops']
+        assert r['batch'] == 2 and r['torch'] == torch.__version__
+        assert 'latency_s' not in r  # a census is not timed
+        line = next(x for x in lines if x.startswith(r['model']))
+        top = max(r['by_op'], key=r['by_op'].get)
+        assert line.split()[2:4] == [str(r['ops']), str(r['host_syncs'])]
+        assert f'{top} {r["by_op"][top]}' in line
+
+
+def test_benchmark_train_step_bf16_cpu(tmp_path):
+    out = tmp_path / 'bench.json'
+    proc = run_tool([BENCHMARK, '--device', 'cpu', '--amp', 'bf16',
+                     '--train-step', '--runs', '1', '--models', 'paca-t',
+                     '--sizes', '64', '--batch', '2', '--threads', '1',
+                     '--out', str(out)], timeout=300)
+    lines = proc.stdout.splitlines()
+    assert 'amp bf16' in lines[0] and 'warm-up 1, runs 1' in lines[0]
+    assert 'infer img/s' in lines[2] and 'train peak(MB)' in lines[2]
+    (r, ) = json.loads(out.read_text())
+    assert 'error' not in r, r
+    assert r['device'] == 'cpu' and r['amp'] == 'bf16' and r['batch'] == 2
+    assert len(r['latency_runs_s']) == len(r['train_runs_s']) == 1
+    assert r['infer_img_s'] == pytest.approx(2 / r['latency_s'])
+    assert r['train_img_s'] == pytest.approx(2 / r['train_step_s'])
+    assert r['peak_forward_mem_mb'] >= 0 and r['peak_train_mem_mb'] > 0
+    row = next(x for x in lines if x.startswith('paca-t')).split()
+    assert row[2] == '2' and float(row[4]) > 0 and float(row[6]) > 0
+
+
+def test_benchmark_ratios_to_pvtv2():
+    tool = _load_tool('benchmark')
+    table = tool.Table(tool.parse_args(['--train-step']))
+    rows = [dict(model='paca-s', size='224x224', infer_img_s=40.0,
+                 train_img_s=10.0),
+            dict(model='swin-t', size='224x224', error='boom'),
+            dict(model='pvtv2-b2', size='224x224', infer_img_s=100.0,
+                 train_img_s=40.0)]
+    lines = table.ratios(rows)
+    assert lines[0] == '  img/s relative to pvtv2-b2 at 224x224:'
+    assert lines[1].split() == ['paca-s', 'infer', '0.40x', 'train', '0.25x']
+    assert len(lines) == 2
+    assert rows[0]['infer_vs_pvtv2_b2'] == pytest.approx(0.4)
+    assert rows[0]['train_vs_pvtv2_b2'] == pytest.approx(0.25)
+    # no reference in the run, or the latency table: no ratios
+    assert table.ratios(rows[:2]) == []
+    assert tool.Table(tool.parse_args([])).ratios(rows) == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='a GPU is present')
+def test_benchmark_cuda_without_gpu_fails_clearly():
+    proc = run_tool([BENCHMARK, '--device', 'cuda', '--models', 'paca-t',
+                     '--sizes', '64'], timeout=120, check=False)
+    assert proc.returncode != 0
+    assert 'torch.cuda.is_available() is False' in proc.stdout
+    assert 'RESULT' not in proc.stdout and 'Traceback' not in proc.stdout
+
+
+def test_benchmark_fp16_on_cpu_fails_clearly():
+    proc = run_tool([BENCHMARK, '--amp', 'fp16', '--device', 'cpu',
+                     '--models', 'paca-t', '--sizes', '64'], timeout=120,
+                    check=False)
+    assert proc.returncode != 0
+    assert '--amp fp16 needs --device cuda' in proc.stdout
+    assert 'Traceback' not in proc.stdout

@@ -13,8 +13,8 @@ from mmengine.fileio import get_file_backend
 from mmengine.registry import MODELS
 
 import clustr_mm  # noqa: F401
-from clustr_mm.utils import safe_pickle
-from clustr_mm.utils.checkpoint import read_checkpoint
+from clustr_mm.checkpoints import safe_pickle
+from clustr_mm.checkpoints.loading import read_checkpoint
 
 
 class CreatesFileOnLoad:

@@ -72,9 +72,13 @@ def test_exact_mode_matches_reference():
                 assert ids[s][b].tolist() == ref[s]
 
 
-def test_window_mode_matches_reference_per_window():
+@pytest.mark.parametrize('h,w', [(11, 13), (10, 13), (11, 15), (10, 15)])
+def test_window_mode_matches_reference_per_window(h, w):
+    """Border windows on either side or none: (10, 15) is tiled by six full
+    windows, whose cluster ids must not overlap (they once did whenever a
+    side held several full windows and no border window)."""
     torch.manual_seed(1)
-    h, w, ws, sr = 11, 13, 5, 2
+    ws, sr = 5, 2
     x = torch.randn(2, h * w, 6)
     layout = WindowLayout((h, w), ws, sr)
     ids = dpc_knn_assign(x, layout, max_chunk_elems=64)

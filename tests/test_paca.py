@@ -10,8 +10,8 @@ from torch import nn
 
 import clustr_mm  # noqa: F401  (registers the models)
 from clustr_mm.models.backbones.paca import PaCaViT
-from clustr_mm.utils.checkpoint import load_backbone_state
-from clustr_mm.utils.paca_convert import convert_paca_official
+from clustr_mm.checkpoints.loading import load_backbone_state
+from clustr_mm.checkpoints.paca_official import convert_paca_official
 
 # Narrow stand-in for the real archs; heads (2, 4, 8, 16) like the official
 # models so the converter's head assumption holds.

@@ -18,7 +18,7 @@ cd "$ROOT"
 # The second stack's subset (keeps CI well inside its time limit).
 TORCH21_TESTS=(
   tests/test_clustr.py tests/test_paca.py tests/test_reducers.py
-  tests/test_checkpoint_safety.py tests/test_env.py
+  tests/test_checkpoint_safety.py tests/test_env.py tests/test_graph_ready.py
   'tests/test_tools.py::test_train_then_test[mask-rcnn-clustr]'
 )
 

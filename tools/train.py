@@ -14,8 +14,8 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 import torch  # noqa: E402
 
 import clustr_mm  # noqa: E402,F401  (registers models, safe resume)
-from clustr_mm.utils.launch import (add_common_args, build_runner,  # noqa: E402
-                                    finish_distributed, load_config)
+from clustr_mm.engine.launch import (  # noqa: E402
+    add_common_args, build_runner, finish_distributed, load_config)
 
 
 def parse_args(argv=None):

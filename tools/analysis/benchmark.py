@@ -1,28 +1,68 @@
-"""Backbone latency, peak memory, training-step time and FLOP/s, with peers.
+"""Backbone speed and memory with peers: CPU latency, GPU img/s, op census.
+
+CPU latency (the default; batch 1, 2 threads):
 
     python tools/analysis/benchmark.py --models clustr-s-exact clustr-s-window \
         paca-s pvtv2-b2 swin-t resnet50 --sizes 224 512 800x1344 \
-        [--batch 1] [--threads 2] [--runs 5] [--train-step] [--flops] \
+        [--batch 1] [--threads 2] [--runs 5] [--warmup 1] [--flops] \
         [--breakdown] [--out results.json] [--plot plot.png] \
         [--max-size clustr-s-exact=640]
 
-Every (model, size) is measured in a fresh child process, so peak memory is
-that of one forward pass (the kernel's peak RSS during the first forward
-minus the RSS before it) and no measurement is polluted by an earlier one. Latency is the median
-of ``--runs`` forwards after one warm-up. Peers come from the installed mmdet.
-``--max-size MODEL=S`` skips a model's inputs larger than S x S pixels (exact
-ClusTR is quadratic in the tokens); ``--plot`` draws latency and peak memory
-against the input side with log-log scaling exponents
-(``tools/analysis/plot_benchmark.py``, which also replots a saved JSON).
+GPU throughput, inference and training step (img/s and peak memory):
+
+    python tools/analysis/benchmark.py --device cuda --amp bf16 --batch 128 \
+        --sizes 224 --train-step --models clustr-s-exact clustr-s-window \
+        paca-s pvtv2-b2 swin-t
+    python tools/analysis/benchmark.py --device cuda --amp bf16 --batch 2 \
+        --sizes 800x1344 --train-step --models clustr-s-window paca-s \
+        pvtv2-b2 swin-t
+
+Op census (aten ops and host syncs of one eval forward, on any device):
+
+    python tools/analysis/benchmark.py --census --batch 2 --sizes 224 512 800x1344
+
+Every (model, size) is measured in a fresh child process, so no measurement
+is polluted by an earlier one. Peers come from the installed mmdet.
+
+- Timing: the median of ``--runs`` calls after ``--warmup`` (default 1 on the
+  CPU, 2 on a GPU); on a GPU the clock starts and stops after
+  ``torch.cuda.synchronize()``. img/s is ``--batch`` / median seconds.
+- Peak memory, for the forwards and separately for the training steps: on
+  the CPU the kernel's peak RSS during the phase minus the RSS before it
+  (above the built model); on a GPU ``torch.cuda.max_memory_allocated()``
+  after ``reset_peak_memory_stats()`` (weights, input and, for training,
+  gradients and optimizer state included).
+- ``--train-step``: forward, loss (sum of the means of the output maps),
+  backward and an AdamW step (lr 1e-4, weight decay 0.05, as the configs).
+- ``--amp bf16|fp16``: ``torch.autocast`` around each forward and its loss;
+  fp16 training scales the loss with a GradScaler. fp16 is GPU-only.
+- With ``--device cuda``, ``--amp`` or ``--train-step`` the table gives img/s
+  and peak memory for inference and training, then each model's img/s
+  relative to ``pvtv2-b2`` at the same size; otherwise latency in seconds.
+- ``--census``: no timing; ``clustr_mm.analysis.op_census`` of one eval
+  forward after a warm-up one: the ops (about the kernel launches on a GPU),
+  the host syncs and the most frequent ops.
+
+The output starts with the device, torch version, batch, amp and command
+line; every row of the ``--out`` JSON carries them too. ``--max-size MODEL=S``
+skips a model's inputs larger than S x S pixels (exact ClusTR is quadratic
+in the tokens); ``--plot`` draws latency and peak memory against the input
+side with log-log scaling exponents (``tools/analysis/plot_benchmark.py``,
+which also replots a saved JSON).
 """
 import argparse
+import contextlib
+import ctypes
 import json
 import os
 import os.path as osp
+import shlex
 import statistics
 import subprocess
 import sys
 import time
+
+import torch
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
@@ -46,6 +86,10 @@ MODELS = {
 # Which part of a block a module's time belongs to, by the module's name.
 CATEGORIES = (('clustering', ('cluster', 'clustering')), ('attention', ('attn', )),
               ('mlp', ('mlp', 'ffn')))
+
+
+AMP_DTYPES = {'bf16': 'bfloat16', 'fp16': 'float16'}
+REFERENCE = 'pvtv2-b2'  # img/s ratios are given against this model
 
 
 def parse_size(text):
@@ -81,12 +125,80 @@ def reset_peak_rss():
         f.write('5')
 
 
-class BlockTimer:
-    """Exclusive wall time per category, via forward hooks on named modules."""
+def release_free_heap():
+    """Return freed heap pages to the kernel (glibc), so that memory an
+    earlier phase freed does not hide the next phase's peak RSS."""
+    trim = getattr(ctypes.CDLL(None), 'malloc_trim', None)
+    if trim is not None:
+        trim(0)
 
-    def __init__(self, model):
+
+class PeakMemory:
+    """Peak memory (MB) of one phase of a measurement, per device."""
+
+    def __init__(self, device):
+        self.cuda = device == 'cuda'
+        self.base = 0.0
+
+    def start(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            release_free_heap()
+            reset_peak_rss()
+            self.base = _status_mb('VmRSS')
+
+    def read(self):
+        if self.cuda:
+            return torch.cuda.max_memory_allocated() / 2**20
+        return _status_mb('VmHWM') - self.base
+
+
+def synchronizer(device):
+    """What makes the host wait for the device before reading the clock."""
+    return torch.cuda.synchronize if device == 'cuda' else (lambda: None)
+
+
+def autocast(args):
+    """A fresh autocast context per call (weights are re-cast every call, as
+    in a real loop), or none without ``--amp``."""
+    if args.amp == 'none':
+        return contextlib.nullcontext()
+    return torch.autocast(args.device, dtype=getattr(torch,
+                                                     AMP_DTYPES[args.amp]))
+
+
+def grad_scaler():
+    """fp16 loss scaling; ``torch.amp.GradScaler`` is torch >= 2.3."""
+    if hasattr(torch.amp, 'GradScaler'):
+        return torch.amp.GradScaler('cuda')
+    return torch.cuda.amp.GradScaler()
+
+
+def timed_phase(step, args, sync):
+    """Seconds of each of ``--warmup`` + ``--runs`` synchronised calls and the
+    phase's peak memory."""
+    memory = PeakMemory(args.device)
+    memory.start()
+    times = []
+    for _ in range(args.warmup + args.runs):
+        sync()
+        t0 = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return times, memory.read()
+
+
+class BlockTimer:
+    """Exclusive wall time per category, via forward hooks on named modules
+    (synchronised on a GPU, so that a module's kernels are its own)."""
+
+    def __init__(self, model, sync):
         self.totals = dict.fromkeys([c for c, _ in CATEGORIES], 0.0)
         self.stack = []
+        self.sync = sync
         for name, module in model.named_modules():
             leaf = name.rsplit('.', 1)[-1]
             for cat, keys in CATEGORIES:
@@ -97,9 +209,11 @@ class BlockTimer:
                     break
 
     def _enter(self, module, inputs):
+        self.sync()
         self.stack.append([time.perf_counter(), 0.0])
 
     def _exit(self, cat):
+        self.sync()
         start, child = self.stack.pop()
         spent = time.perf_counter() - start
         self.totals[cat] += spent - child
@@ -109,62 +223,77 @@ class BlockTimer:
 
 def measure(name, size, args):
     """One (model, size) measurement; runs inside the child process."""
-    import torch
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = build(name)
-    x = torch.randn(args.batch, 3, *size)
+    model = build(name).to(args.device)
+    x = torch.randn(args.batch, 3, *size, device=args.device)
     result = dict(model=name, size=f'{size[0]}x{size[1]}', batch=args.batch,
                   threads=args.threads)
     result['params_m'] = sum(p.numel() for p in model.parameters()) / 1e6
-    reset_peak_rss()
-    rss0 = _status_mb('VmRSS')
+
+    def forward():
+        with autocast(args):
+            return model(x)
+
+    if args.census:
+        from clustr_mm.analysis.op_census import op_census
+        result.update(op_census(forward, warmup=1))
+        return result
+
+    sync = synchronizer(args.device)
     with torch.no_grad():
-        t0 = time.perf_counter()
-        model(x)
-        result['first_forward_s'] = time.perf_counter() - t0
-        result['peak_forward_mem_mb'] = _status_mb('VmHWM') - rss0
-        times = []
-        for _ in range(args.runs):
-            t0 = time.perf_counter()
-            model(x)
-            times.append(time.perf_counter() - t0)
-    result['latency_s'] = statistics.median(times)
-    result['latency_runs_s'] = times
+        times, peak = timed_phase(forward, args, sync)
+    runs = times[args.warmup:]
+    result.update(first_forward_s=times[0], latency_s=statistics.median(runs),
+                  latency_runs_s=runs, peak_forward_mem_mb=peak)
+    result['infer_img_s'] = args.batch / result['latency_s']
     if args.breakdown:
-        timer = BlockTimer(model)
+        timer = BlockTimer(model, sync)
         with torch.no_grad():
+            sync()
             t0 = time.perf_counter()
-            model(x)
+            forward()
+            sync()
             total = time.perf_counter() - t0
         result['breakdown_s'] = dict(timer.totals, total=total)
     if args.flops:
-        from clustr_mm.utils.flops import count_flops
-        by_op = count_flops(model, x.shape)
+        from clustr_mm.analysis.flops import analyze_flops
+        by_op = analyze_flops(model, x).by_operator
         result['gflops'] = sum(by_op.values()) / 1e9
         result['gflops_by_op'] = {k: v / 1e9 for k, v in by_op.most_common()}
         result['gflops_per_s'] = result['gflops'] / result['latency_s']
     if args.train_step:
         model.train()
-        opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-        steps = []
-        for i in range(args.runs + 1):
-            t0 = time.perf_counter()
-            loss = sum(o.float().mean() for o in model(x))
-            loss.backward()
-            opt.step()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4,
+                                weight_decay=0.05)
+        scaler = grad_scaler() if args.amp == 'fp16' else None
+
+        def train_step():
+            with autocast(args):
+                loss = sum(o.float().mean() for o in model(x))
+            if scaler is None:
+                loss.backward()
+                opt.step()
+            else:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
             opt.zero_grad(set_to_none=True)
-            if i:  # the first step is warm-up
-                steps.append(time.perf_counter() - t0)
-        result['train_step_s'] = statistics.median(steps)
+
+        times, peak = timed_phase(train_step, args, sync)
+        runs = times[args.warmup:]
+        result.update(train_step_s=statistics.median(runs),
+                      train_runs_s=runs, peak_train_mem_mb=peak)
+        result['train_img_s'] = args.batch / result['train_step_s']
     return result
 
 
 def run_child(name, size, args):
     cmd = [sys.executable, osp.abspath(__file__), '--worker', name,
            f'{size[0]}x{size[1]}', '--batch', str(args.batch), '--threads',
-           str(args.threads), '--runs', str(args.runs)]
-    cmd += [f'--{f}' for f in ('train-step', 'flops', 'breakdown')
+           str(args.threads), '--runs', str(args.runs), '--warmup',
+           str(args.warmup), '--device', args.device, '--amp', args.amp]
+    cmd += [f'--{f}' for f in ('train-step', 'flops', 'breakdown', 'census')
             if getattr(args, f.replace('-', '_'))]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
@@ -177,11 +306,102 @@ def run_child(name, size, args):
                 error=err[-1] if err else f'exit {proc.returncode}')
 
 
+def cpu_name():
+    with open('/proc/cpuinfo') as f:
+        for line in f:
+            if line.startswith('model name'):
+                return f'{line.split(":", 1)[1].strip()}, {os.cpu_count()} cores'
+    return f'CPU, {os.cpu_count()} cores'
+
+
+def run_info(args, argv):
+    """What the numbers were measured on and with; heads output and JSON."""
+    device_name = (torch.cuda.get_device_name() if args.device == 'cuda'
+                   else cpu_name())
+    # a census counts one forward after one warm-up
+    calls = (1, 1) if args.census else (args.warmup, args.runs)
+    return dict(device=args.device, device_name=device_name,
+                torch=torch.__version__, amp=args.amp, warmup=calls[0],
+                runs=calls[1], command=shlex.join(['python', *argv]))
+
+
 def fmt(value, spec):
     return format(value, spec) if isinstance(value, (int, float)) else '-'
 
 
-def main():
+class Table:
+    """The printed table; its columns depend on the mode."""
+
+    def __init__(self, args):
+        self.args = args
+        self.throughput = bool(args.device == 'cuda' or args.amp != 'none'
+                               or args.train_step)
+
+    def header(self):
+        if self.args.census:
+            return (f'{"model":16s} {"size":>9s} {"ops":>7s} '
+                    f'{"host_syncs":>10s}  top 5 ops')
+        if self.throughput:
+            head = (f'{"model":16s} {"size":>9s} {"batch":>5s} '
+                    f'{"params(M)":>9s} {"infer img/s":>11s} '
+                    f'{"infer peak(MB)":>14s} {"train img/s":>11s} '
+                    f'{"train peak(MB)":>14s}')
+        else:
+            head = (f'{"model":16s} {"size":>9s} {"params(M)":>9s} '
+                    f'{"latency(s)":>10s} {"peak(MB)":>9s}')
+        if self.args.flops:
+            head += f' {"GFLOPs":>7s} {"GFLOP/s":>8s}'
+        return head
+
+    def row(self, r):
+        start = f'{r["model"]:16s} {r["size"]:>9s}'
+        if 'skipped' in r:
+            return f'{start}  skipped ({r["skipped"]})'
+        if 'error' in r:
+            return f'{start}  failed: {r["error"]}'
+        if self.args.census:
+            top = ', '.join(f'{k} {v}' for k, v in sorted(
+                r['by_op'].items(), key=lambda kv: -kv[1])[:5])
+            return f'{start} {r["ops"]:7d} {r["host_syncs"]:10d}  {top}'
+        if self.throughput:
+            line = (f'{start} {r["batch"]:5d} {r["params_m"]:9.2f} '
+                    f'{r["infer_img_s"]:11.1f} '
+                    f'{r["peak_forward_mem_mb"]:14.0f} '
+                    f'{fmt(r.get("train_img_s"), "11.1f"):>11s} '
+                    f'{fmt(r.get("peak_train_mem_mb"), "14.0f"):>14s}')
+        else:
+            line = (f'{start} {r["params_m"]:9.2f} {r["latency_s"]:10.3f} '
+                    f'{r["peak_forward_mem_mb"]:9.0f}')
+        if self.args.flops:
+            line += (f' {r["gflops"]:7.1f} {r["gflops_per_s"]:8.1f}')
+        if 'breakdown_s' in r:
+            line += '\n    ' + ', '.join(f'{k} {v:.3f}s'
+                                         for k, v in r['breakdown_s'].items())
+        return line
+
+    def ratios(self, rows):
+        """img/s of each row over the reference model's at the same size,
+        added to the rows; the lines to print."""
+        ref = next((r for r in rows if r['model'] == REFERENCE
+                    and 'infer_img_s' in r), None)
+        if not self.throughput or ref is None:
+            return []
+        lines = [f'  img/s relative to {REFERENCE} at {ref["size"]}:']
+        for r in rows:
+            if r is ref or 'infer_img_s' not in r:
+                continue
+            parts = []
+            for phase in ('infer', 'train'):
+                key = f'{phase}_img_s'
+                if key in r and key in ref:
+                    ratio = r[key] / ref[key]
+                    r[f'{phase}_vs_{REFERENCE.replace("-", "_")}'] = ratio
+                    parts.append(f'{phase} {ratio:.2f}x')
+            lines.append(f'    {r["model"]:16s} ' + '  '.join(parts))
+        return lines
+
+
+def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--models', nargs='+', default=[
         'clustr-s-exact', 'clustr-s-window', 'paca-s', 'pvtv2-b2', 'swin-t',
@@ -191,9 +411,20 @@ def main():
                         help='input sizes: S (square) or HxW')
     parser.add_argument('--batch', type=int, default=1)
     parser.add_argument('--threads', type=int, default=2)
-    parser.add_argument('--runs', type=int, default=5)
+    parser.add_argument('--runs', type=int, default=5,
+                        help='timed calls; the median is reported')
+    parser.add_argument('--warmup', type=int,
+                        help='untimed calls first (default 1 on cpu, 2 on '
+                        'cuda)')
+    parser.add_argument('--device', choices=('cpu', 'cuda'), default='cpu')
+    parser.add_argument('--amp', choices=('none', 'bf16', 'fp16'),
+                        default='none',
+                        help='autocast dtype for forward and loss')
     parser.add_argument('--train-step', action='store_true',
-                        help='also time forward + backward + SGD step')
+                        help='also time forward + backward + AdamW step')
+    parser.add_argument('--census', action='store_true',
+                        help='instead of timing: aten ops and host syncs of '
+                        'one eval forward')
     parser.add_argument('--flops', action='store_true',
                         help='count FLOPs (attention and clustering included)')
     parser.add_argument('--breakdown', action='store_true',
@@ -207,13 +438,26 @@ def main():
                         metavar='MODEL=S',
                         help='skip inputs above S x S pixels for MODEL')
     parser.add_argument('--worker', nargs=2, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
-    if args.worker:
-        result = measure(args.worker[0], parse_size(args.worker[1]), args)
-        print('RESULT ' + json.dumps(result))
-        return
-
+    if args.warmup is None:
+        args.warmup = 2 if args.device == 'cuda' else 1
+    if args.runs < 1 or args.warmup < 0 or args.batch < 1:
+        parser.error('--runs and --batch must be >= 1, --warmup >= 0')
+    if args.census:
+        clash = [f for f in ('train_step', 'flops', 'breakdown', 'plot')
+                 if getattr(args, f)]
+        if clash:
+            parser.error('--census counts the ops of one eval forward; it '
+                         'does not combine with ' +
+                         ', '.join('--' + f.replace('_', '-') for f in clash))
+    if args.amp == 'fp16' and args.device == 'cpu':
+        parser.error('--amp fp16 needs --device cuda (fp16 training needs a '
+                     'CUDA GradScaler); on the CPU use --amp bf16')
+    if args.device == 'cuda' and not torch.cuda.is_available():
+        parser.error(f'--device cuda, but torch {torch.__version__} sees no '
+                     'CUDA device (torch.cuda.is_available() is False); use '
+                     '--device cpu')
     max_pixels = {}
     for item in args.max_size:
         name, _, size = item.partition('=')
@@ -221,32 +465,41 @@ def main():
             parser.error(f'--max-size takes MODEL=S, got {item!r}')
         h, w = parse_size(size)
         max_pixels[name] = h * w
+    args.max_pixels = max_pixels
+    return args
 
+
+def main(argv=None):
+    argv = sys.argv if argv is None else argv
+    args = parse_args(argv[1:])
+    if args.worker:
+        result = measure(args.worker[0], parse_size(args.worker[1]), args)
+        print('RESULT ' + json.dumps(result))
+        return
+
+    info = run_info(args, argv)
+    print(f'device: {info["device"]} ({info["device_name"]}) | torch '
+          f'{info["torch"]} | batch {args.batch} | amp {args.amp} | '
+          f'warm-up {info["warmup"]}, runs {info["runs"]} | threads '
+          f'{args.threads}')
+    print(f'command: {info["command"]}')
+    table = Table(args)
+    print(table.header(), flush=True)
     results = []
-    head = (f'{"model":16s} {"size":>9s} {"params(M)":>9s} {"latency(s)":>10s} '
-            f'{"peak(MB)":>9s} {"train(s)":>8s} {"GFLOPs":>7s} {"GFLOP/s":>8s}')
-    print(head)
     for size in map(parse_size, args.sizes):
+        rows = []
         for name in args.models:
-            if size[0] * size[1] > max_pixels.get(name, float('inf')):
-                results.append(dict(model=name, size=f'{size[0]}x{size[1]}',
-                                    skipped='above --max-size'))
-                print(f'{name:16s} {size[0]}x{size[1]:<5d}  skipped '
-                      '(--max-size)', flush=True)
-                continue
-            r = run_child(name, size, args)
-            results.append(r)
-            if 'error' in r:
-                print(f'{name:16s} {r["size"]:>9s}  failed: {r["error"]}')
-                continue
-            print(f'{name:16s} {r["size"]:>9s} {r["params_m"]:9.2f} '
-                  f'{r["latency_s"]:10.3f} {r["peak_forward_mem_mb"]:9.0f} '
-                  f'{fmt(r.get("train_step_s"), "8.3f"):>8s} '
-                  f'{fmt(r.get("gflops"), "7.1f"):>7s} '
-                  f'{fmt(r.get("gflops_per_s"), "8.1f"):>8s}', flush=True)
-            if 'breakdown_s' in r:
-                print('    ' + ', '.join(f'{k} {v:.3f}s'
-                                         for k, v in r['breakdown_s'].items()))
+            if size[0] * size[1] > args.max_pixels.get(name, float('inf')):
+                r = dict(model=name, size=f'{size[0]}x{size[1]}',
+                         skipped='above --max-size')
+            else:
+                r = run_child(name, size, args)
+            r.update(info)
+            rows.append(r)
+            print(table.row(r), flush=True)
+        for line in table.ratios(rows):
+            print(line)
+        results += rows
     if args.out:
         os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
         with open(args.out, 'w') as f:

@@ -13,7 +13,7 @@ caught and the report names the weights it describes.
 Counting: one multiply-add = one FLOP, via ``mmengine.analysis.FlopAnalyzer``
 plus our handles for ``scaled_dot_product_attention`` and fused multi-head
 attention, and an explicit analytic count of the DPC-kNN clustering (see
-``clustr_mm/utils/flops.py`` for every term). Batch 1, eval mode, no
+``clustr_mm/analysis/flops.py`` for every term). Batch 1, eval mode, no
 data preprocessing (normalisation and padding cost nothing here).
 
 What runs, per library (the tensor path, like the libraries' own get_flops):
@@ -50,7 +50,7 @@ from mmengine.config import Config, DictAction  # noqa: E402
 from mmengine.registry import DefaultScope  # noqa: E402
 
 import clustr_mm  # noqa: E402,F401  (registers the backbones)
-from clustr_mm.utils.flops import FlopReport, analyze_flops  # noqa: E402
+from clustr_mm.analysis.flops import FlopReport, analyze_flops  # noqa: E402
 
 SCOPES = ('mmpretrain', 'mmdet', 'mmseg', 'mmpose')
 PART_LABELS = {
@@ -85,7 +85,7 @@ def load_weights(model: torch.nn.Module, checkpoint: str) -> dict:
     Reads without unpickling objects; raises when no tensor fits the model,
     warns about missing, unused or re-initialised (shape-changed) ones.
     """
-    from clustr_mm.utils.checkpoint import load_backbone_state, read_checkpoint
+    from clustr_mm.checkpoints import load_backbone_state, read_checkpoint
     state = read_checkpoint(checkpoint)
     whole = any(k.startswith('backbone.') for k in state)
     backbone = getattr(model, 'backbone', None)

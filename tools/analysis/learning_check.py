@@ -15,8 +15,8 @@ import sys
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 import clustr_mm  # noqa: E402,F401
-from clustr_mm.utils.launch import (add_common_args, build_runner,  # noqa: E402
-                                    load_config)
+from clustr_mm.engine.launch import (  # noqa: E402
+    add_common_args, build_runner, load_config)
 
 
 def main(argv=None):

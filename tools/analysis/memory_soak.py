@@ -5,7 +5,7 @@
         [--cfg-options k=v ...]
 
 The run uses the config's own model, data pipeline, optimizer and schedulers
-(see ``clustr_mm/utils/short_run.py``; validation and checkpoints off). The
+(see ``clustr_mm/engine/short_run.py``; validation and checkpoints off). The
 resident set size (RSS) of the process is read after every iteration.
 Reported, in MiB:
 
@@ -34,8 +34,8 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 from mmengine.hooks import Hook  # noqa: E402
 
 import clustr_mm  # noqa: E402,F401
-from clustr_mm.utils.launch import add_common_args, load_config  # noqa: E402
-from clustr_mm.utils.short_run import run_short  # noqa: E402
+from clustr_mm.engine.launch import add_common_args, load_config  # noqa: E402
+from clustr_mm.engine.short_run import run_short  # noqa: E402
 
 MIB = 1024 * 1024
 

@@ -4,7 +4,7 @@
         [--cfg-options k=v ...]
 
 The run uses the config's own model, data pipeline, optimizer wrapper and
-schedulers (see ``clustr_mm/utils/short_run.py``; epoch-based configs get
+schedulers (see ``clustr_mm/engine/short_run.py``; epoch-based configs get
 enough epochs, validation and checkpoints are off). Every iteration checks
 
 * the total loss before backward,
@@ -33,8 +33,8 @@ from mmengine.hooks import Hook  # noqa: E402
 from mmengine.optim import AmpOptimWrapper, OptimWrapperDict  # noqa: E402
 
 import clustr_mm  # noqa: E402,F401
-from clustr_mm.utils.launch import add_common_args, load_config  # noqa: E402
-from clustr_mm.utils.short_run import run_short  # noqa: E402
+from clustr_mm.engine.launch import add_common_args, load_config  # noqa: E402
+from clustr_mm.engine.short_run import run_short  # noqa: E402
 
 
 class NonFiniteError(FloatingPointError):
@@ -132,7 +132,12 @@ def main(argv=None):
         ok = hook.checked >= args.iters
         if not ok:
             summary['error'] = f'only {hook.checked} iterations ran'
-    except FloatingPointError as err:  # ours, or e.g. the clustering's
+    except (FloatingPointError, RuntimeError) as err:
+        # ours, or the backbones' device-side finiteness checks
+        # (graph_safety.assert_finite raises RuntimeError)
+        if not isinstance(err, FloatingPointError) and not any(
+                key in str(err) for key in ('non-finite', 'NaN or Inf')):
+            raise
         ok = False
         if isinstance(err, NonFiniteError):
             summary.update(error=str(err), iteration=err.iteration)

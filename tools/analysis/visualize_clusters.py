@@ -114,7 +114,7 @@ def build_model(config: str, checkpoint: Optional[str] = None,
     from mmengine.registry import DefaultScope
 
     import clustr_mm  # noqa: F401
-    from clustr_mm.utils.checkpoint import load_backbone_state, read_checkpoint
+    from clustr_mm.checkpoints import load_backbone_state, read_checkpoint
     cfg = Config.fromfile(config)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)

@@ -34,9 +34,9 @@ def main():
     args = parse_args()
     sys.path.insert(0, osp.join(osp.dirname(__file__), '..', '..'))
     from clustr_mm.models.backbones.clustr import ClusTR
-    from clustr_mm.utils import (compare_state_dicts, convert_clustr_official,
-                                 infer_clustr_arch)
-    from clustr_mm.utils.checkpoint import read_checkpoint
+    from clustr_mm.checkpoints import (compare_state_dicts,
+                                       convert_clustr_official,
+                                       infer_clustr_arch, read_checkpoint)
 
     if not osp.isfile(args.src):
         sys.exit(f'error: checkpoint not found: {args.src}')

@@ -23,10 +23,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', '..'))
 from clustr_mm.models.backbones.paca import PaCaViT  # noqa: E402
-from clustr_mm.utils.checkpoint import read_checkpoint  # noqa: E402
-from clustr_mm.utils.convert import compare_state_dicts  # noqa: E402
-from clustr_mm.utils.paca_convert import (  # noqa: E402
-    convert_paca_official, infer_paca_config)
+from clustr_mm.checkpoints import (  # noqa: E402
+    compare_state_dicts, convert_paca_official, infer_paca_config,
+    read_checkpoint)
 
 
 def parse_args(argv=None):

@@ -3,19 +3,16 @@ clustering for vision transformers"): a four-stage pyramid whose attention
 takes its keys/values from DPC-kNN cluster tokens (or, per stage, from any
 registered token reducer: ``reducers``).
 """
-import copy
-import math
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
-from mmengine.model import BaseModule
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...registry import register_model
-from .freezing import apply_freezing
+from .base import PyramidBackbone, parse_arch, per_stage_reducers
 from .inputs import check_images
-from ...utils.checkpoint import init_backbone_weights
+from ..layers.graph_safety import assert_finite
 from ..layers import (ClusterAttention, ConvFFN, DropPath,
                       OverlapPatchEmbed, tokens_to_map)
 
@@ -48,7 +45,7 @@ class ClusTRBlock(nn.Module):
 
 
 @register_model
-class ClusTR(BaseModule):
+class ClusTR(PyramidBackbone):
     """ClusTR vision backbone; returns NCHW maps at strides 4, 8, 16, 32.
 
     Stage i: overlapping patch embedding (7x7/4, then 3x3/2; LayerNorm eps
@@ -81,8 +78,8 @@ class ClusTR(BaseModule):
             only has LayerNorms, whose output does not depend on the mode; the
             option exists for configs shared with BatchNorm backbones.
         max_chunk_elems (int, optional): Largest distance-matrix chunk of the
-            clustering, in elements; bounds its memory. Default None: 2**20
-            on CPU (cache-sized, fastest), 2**26 on accelerators.
+            clustering, in elements; bounds its memory. Default None: 2**28
+            (1 GiB of fp32 distances) on every device.
         reducers (dict | Sequence[dict | None], optional): The key/value
             token reducer per stage (see ``layers/reducers.py``). A dict is
             used in every stage whose ``sr_ratio`` is > 1 (full attention
@@ -113,6 +110,12 @@ class ClusTR(BaseModule):
     essential_keys = ('embed_dims', 'depths', 'num_heads', 'mlp_ratios')
     default_sr_ratios = (8, 4, 2, 1)
     clustering_modes = ('exact', 'window')
+    # LayerNorms only (modes do not differ); BN/GN for configs shared with
+    # other backbones
+    norm_eval_types = (_BatchNorm, nn.LayerNorm, nn.GroupNorm)
+    # The official ClusTR has no 1x1 convs: a PaCa reducer's PointwiseConv
+    # is initialised as the linear it is.
+    init_pointwise_as_conv = False
 
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
@@ -145,15 +148,8 @@ class ClusTR(BaseModule):
         self.window_sizes = self._parse_window_size(window_size)
         self.reducers = self._parse_reducers(reducers)
         self.compact_qv = compact_qv
-        self.out_indices = self._parse_out_indices(out_indices)
-        if not -1 <= frozen_stages <= self.num_stages:
-            raise ValueError(f'frozen_stages must be in [-1, '
-                             f'{self.num_stages}], got {frozen_stages}')
-        self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
-        if drop_path_rate < 0:
-            raise ValueError(
-                f'drop_path_rate must be >= 0, got {drop_path_rate}')
+        self._set_stage_options(self.num_stages, out_indices, frozen_stages,
+                                norm_eval, drop_path_rate)
 
         total = sum(self.depths)
         dpr = [drop_path_rate * i / max(total - 1, 1) for i in range(total)]
@@ -179,34 +175,12 @@ class ClusTR(BaseModule):
         self.train(self.training)  # frozen_stages and norm_eval from the start
 
     def _parse_arch(self, arch: Union[str, dict]) -> dict:
-        if isinstance(arch, str):
-            if arch not in self.arch_zoo:
-                raise ValueError(f'arch must be one of {set(self.arch_zoo)} '
-                                 f'or a dict, got {arch!r}')
-            settings = dict(self.arch_zoo[arch])
-        elif isinstance(arch, dict):
-            missing = [k for k in self.essential_keys if k not in arch]
-            if missing:
-                raise ValueError(f'arch dict is missing keys {missing}; it '
-                                 f'needs {list(self.essential_keys)}')
-            settings = dict(arch)
-        else:
-            raise ValueError(f'arch must be a str or dict, got {type(arch)}')
-        settings.setdefault('sr_ratios', self.default_sr_ratios)
-        n = len(settings['depths'])
-        for key in self.essential_keys + ('sr_ratios', ):
-            if len(settings[key]) != n:
-                raise ValueError(f'arch {key!r} has {len(settings[key])} '
-                                 f'entries but depths has {n}')
+        settings = parse_arch(arch, self.arch_zoo, self.essential_keys,
+                              dict(sr_ratios=self.default_sr_ratios))
         if any(not isinstance(sr, int) or sr < 1
                for sr in settings['sr_ratios']):
             raise ValueError(f"arch sr_ratios must be positive ints, got "
                              f"{settings['sr_ratios']}")
-        for i, (dim, heads) in enumerate(
-                zip(settings['embed_dims'], settings['num_heads'])):
-            if dim % heads:
-                raise ValueError(f'arch embed_dims[{i}]={dim} is not '
-                                 f'divisible by num_heads[{i}]={heads}')
         return settings
 
     def _parse_window_size(self, window_size) -> list:
@@ -237,30 +211,7 @@ class ClusTR(BaseModule):
         """One reducer config (or None: full attention) per stage."""
         if reducers is None:
             reducers = dict(type='DPCKNN', scale_factors=(1, 4))
-        if isinstance(reducers, dict):
-            return [copy.deepcopy(dict(reducers)) if sr > 1 else None
-                    for sr in self.sr_ratios]
-        if isinstance(reducers, str) or not isinstance(reducers, Sequence):
-            raise ValueError('reducers must be a dict, a sequence of dicts / '
-                             f'None or None, got {reducers!r}')
-        reducers = list(reducers)
-        if len(reducers) != self.num_stages or not all(
-                r is None or isinstance(r, dict) for r in reducers):
-            raise ValueError(f'reducers needs {self.num_stages} entries, each '
-                             f'a dict or None, got {reducers!r}')
-        return [None if r is None else copy.deepcopy(dict(r))
-                for r in reducers]
-
-    def _parse_out_indices(self, out_indices) -> Tuple[int, ...]:
-        if isinstance(out_indices, int):
-            out_indices = [out_indices]
-        parsed = []
-        for idx in out_indices:
-            if not -self.num_stages <= idx < self.num_stages:
-                raise ValueError(f'out_indices entry {idx} is out of range '
-                                 f'for {self.num_stages} stages')
-            parsed.append(idx % self.num_stages)
-        return tuple(parsed)
+        return per_stage_reducers(reducers, [sr > 1 for sr in self.sr_ratios])
 
     def _frozen_modules(self) -> List[nn.Module]:
         if self.frozen_stages < 0:
@@ -270,31 +221,6 @@ class ClusTR(BaseModule):
             frozen += [self.patch_embeds[i], self.stages[i], self.norms[i]]
         return frozen
 
-    def train(self, mode: bool = True):
-        super().train(mode)
-        apply_freezing(self, self._frozen_modules(), self.norm_eval,
-                       (_BatchNorm, nn.LayerNorm, nn.GroupNorm))
-        return self
-
-    @staticmethod
-    def _official_init(m: nn.Module):
-        if isinstance(m, nn.Linear):
-            nn.init.trunc_normal_(m.weight, std=0.02)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.LayerNorm):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.Conv2d):
-            fan_out = m.kernel_size[0] * m.kernel_size[1] * m.out_channels
-            nn.init.normal_(m.weight, 0, math.sqrt(2.0 * m.groups / fan_out))
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-
-    def init_weights(self):
-        """Official init, then ``init_cfg`` (see :func:`init_backbone_weights`)."""
-        init_backbone_weights(self, self._official_init)
-
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         check_images(x, self.in_channels, 'ClusTR')
         outs = []
@@ -302,7 +228,16 @@ class ClusTR(BaseModule):
             tokens, hw = self.patch_embeds[i](x)
             for block in self.stages[i]:
                 tokens = block(tokens, hw)
-            x = tokens_to_map(self.norms[i](tokens), hw)
+            tokens = self.norms[i](tokens)
+            # Once per stage instead of per clustering call: NaN/Inf in any
+            # block spreads to every token (through the merged keys/values),
+            # and a LayerNorm turns Inf into NaN. No host sync (see
+            # graph_safety.assert_true).
+            assert_finite(tokens, (
+                f'ClusTR stage {i + 1} produced non-finite activations '
+                '(NaN/Inf): the run diverged, and the DPC-kNN clusters it was '
+                'given are meaningless'))
+            x = tokens_to_map(tokens, hw)
             if i in self.out_indices:
                 # Standard NCHW out: mmcv's CPU RoIAlign reads a
                 # channels-last map as NCHW (Mask R-CNN got scrambled RoIs).

@@ -2,6 +2,8 @@
 the problem, rather than deep inside the clustering."""
 import torch
 
+from ..layers.graph_safety import assert_finite
+
 
 def check_images(x: torch.Tensor, in_channels: int, owner: str) -> None:
     """(B, C, H, W) with C = ``in_channels`` and finite values.
@@ -19,5 +21,5 @@ def check_images(x: torch.Tensor, in_channels: int, owner: str) -> None:
     if x.shape[2] == 0 or x.shape[3] == 0:
         raise ValueError(f'{owner} got images with an empty side: '
                          f'{tuple(x.shape)}')
-    if x.is_floating_point() and not torch.isfinite(x).all():
-        raise ValueError(f'{owner} input contains NaN or Inf values')
+    if x.is_floating_point():
+        assert_finite(x, f'{owner} input contains NaN or Inf values')

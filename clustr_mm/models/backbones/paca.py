@@ -9,23 +9,18 @@ that runs on the stem output and whose stage features are added to the
 student's. Any registered token reducer can replace the soft clustering per
 stage (``reducers``).
 """
-import copy
-import math
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
-from mmengine.model import BaseModule
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...registry import register_model
-from .freezing import apply_freezing
+from .base import PyramidBackbone, parse_arch, per_stage_reducers
 from .inputs import check_images
-from ...utils.checkpoint import init_backbone_weights
 from ..layers import ConvFFN, DropPath, tokens_to_map
 from ..layers.cluster_attention import PaCaAttention
-from ..layers.reducers import PointwiseConv, assignment_map, reducer_class
+from ..layers.reducers import assignment_map, reducer_class
 
 Tokens = Tuple[torch.Tensor, Tuple[int, int]]
 
@@ -209,28 +204,8 @@ class ConvMixerTeacher(nn.Module):
         return assignments, feats
 
 
-def _init_like_official(m: nn.Module) -> None:
-    """The released models' from-scratch init (timm-style ViT init)."""
-    if isinstance(m, PointwiseConv):
-        nn.init.normal_(m.weight, 0, math.sqrt(2.0 / m.out_features))
-        if m.bias is not None:
-            nn.init.zeros_(m.bias)
-    elif isinstance(m, nn.Linear):
-        nn.init.trunc_normal_(m.weight, std=0.02)
-        if m.bias is not None:
-            nn.init.zeros_(m.bias)
-    elif isinstance(m, (nn.LayerNorm, _BatchNorm)):
-        nn.init.ones_(m.weight)
-        nn.init.zeros_(m.bias)
-    elif isinstance(m, nn.Conv2d):
-        fan_out = m.kernel_size[0] * m.kernel_size[1] * m.out_channels
-        nn.init.normal_(m.weight, 0, math.sqrt(2.0 * m.groups / fan_out))
-        if m.bias is not None:
-            nn.init.zeros_(m.bias)
-
-
 @register_model
-class PaCaViT(BaseModule):
+class PaCaViT(PyramidBackbone):
     """PaCa-ViT backbone.
 
     Args:
@@ -283,7 +258,7 @@ class PaCaViT(BaseModule):
             query projection (no ``v`` projection). Default False.
         init_cfg (dict | list, optional): mmengine init config. A
             ``Pretrained`` entry (optionally with ``prefix``) is loaded with
-            :func:`clustr_mm.utils.checkpoint.load_backbone_state`, which
+            :func:`clustr_mm.checkpoints.load_backbone_state`, which
             re-initialises layers whose cluster count differs from the
             checkpoint and warns about them.
 
@@ -347,27 +322,14 @@ class PaCaViT(BaseModule):
             raise ValueError('clustering_interval does not apply to '
                              "clustering='teacher' (the teacher assigns for "
                              'every block)')
-        out_indices = tuple(out_indices)
-        if not out_indices or any(
-                not -self.num_stages <= i < self.num_stages
-                for i in out_indices):
-            raise ValueError('out_indices must be non-empty stage indices in '
-                             f'[-4, 3], got {out_indices}')
-        if not -1 <= frozen_stages <= self.num_stages:
-            raise ValueError('frozen_stages must be in [-1, 4], got '
-                             f'{frozen_stages}')
-        if not 0.0 <= drop_path_rate < 1.0:
-            raise ValueError('drop_path_rate must be in [0, 1), got '
-                             f'{drop_path_rate}')
+        self._set_stage_options(self.num_stages, out_indices, frozen_stages,
+                                norm_eval, drop_path_rate)
 
         self.arch = arch
         self.clustering = clustering
         self.num_clusters = num_clusters
         self.in_channels = in_channels
         self.embed_dims = embed_dims
-        self.out_indices = sorted({i % self.num_stages for i in out_indices})
-        self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
         self.keep_assignments = keep_assignments
         self.assignments: List[List[torch.Tensor]] = []
 
@@ -418,59 +380,24 @@ class PaCaViT(BaseModule):
         elif clustering == 'teacher':
             raise ValueError("reducers does not apply to clustering="
                              "'teacher' (the teacher assigns for every block)")
-        if isinstance(reducers, dict):
-            return [copy.deepcopy(dict(reducers)) if m > 0 else None
-                    for m in num_clusters]
-        if isinstance(reducers, str) or not isinstance(reducers, Sequence):
-            raise ValueError('reducers must be a dict, a sequence of dicts / '
-                             f'None or None, got {reducers!r}')
-        reducers = list(reducers)
-        if len(reducers) != self.num_stages or not all(
-                r is None or isinstance(r, dict) for r in reducers):
-            raise ValueError(f'reducers needs {self.num_stages} entries, each '
-                             f'a dict or None, got {reducers!r}')
-        for i, (r, m) in enumerate(zip(reducers, num_clusters)):
+        parsed = per_stage_reducers(reducers, [m > 0 for m in num_clusters])
+        for i, (r, m) in enumerate(zip(parsed, num_clusters)):
             if r is not None and m == 0:
                 raise ValueError(f'reducers[{i}] is set but stage {i} has 0 '
                                  'clusters (full attention)')
-        return [None if r is None else copy.deepcopy(dict(r))
-                for r in reducers]
+        return parsed
 
     @classmethod
     def _resolve_arch(cls, arch: Union[str, Dict], clustering: str) -> Dict:
-        if isinstance(arch, str):
-            if arch not in cls.arch_zoo:
-                raise ValueError(f'arch must be one of {sorted(cls.arch_zoo)} '
-                                 f'or a dict, got {arch!r}')
-            settings = dict(cls.arch_zoo[arch])
-            if clustering == 'teacher':
-                settings.update(cls.teacher_arch_zoo[arch])
-        elif isinstance(arch, dict):
-            settings = copy.deepcopy(arch)
-            unknown = set(settings) - {'embed_dims', 'num_heads', 'depths',
-                                       'mlp_ratios', 'teacher_depths'}
-            if unknown:
-                raise ValueError(f'arch dict has unknown keys {unknown}')
-        else:
-            raise ValueError(f'arch must be a str or dict, got {type(arch)}')
-        required = ['embed_dims', 'num_heads', 'depths']
+        zoo, required = cls.arch_zoo, ['embed_dims', 'num_heads', 'depths']
+        teacher = ['teacher_depths']  # required by, and checked for, teacher
         if clustering == 'teacher':
-            required.append('teacher_depths')
-        missing = [k for k in required if k not in settings]
-        if missing:
-            raise ValueError(f'arch dict lacks {missing}')
-        settings.setdefault('mlp_ratios', (4, ) * cls.num_stages)
-        for key in required + ['mlp_ratios']:
-            settings[key] = tuple(settings[key])
-            if len(settings[key]) != cls.num_stages:
-                raise ValueError(f'arch {key} needs {cls.num_stages} entries, '
-                                 f'got {settings[key]}')
-        for dim, heads in zip(settings['embed_dims'], settings['num_heads']):
-            if dim % heads:
-                raise ValueError(f'arch embed_dims {settings["embed_dims"]} '
-                                 'are not divisible by num_heads '
-                                 f'{settings["num_heads"]}')
-        return settings
+            zoo = {name: dict(settings, **cls.teacher_arch_zoo[name])
+                   for name, settings in zoo.items()}
+            required, teacher = required + teacher, []
+        return parse_arch(arch, zoo, required,
+                          dict(mlp_ratios=(4, ) * cls.num_stages),
+                          cls.num_stages, optional=teacher)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         check_images(x, self.in_channels, 'PaCaViT')
@@ -511,13 +438,3 @@ class PaCaViT(BaseModule):
         if self.teacher is not None and self.frozen_stages > 0:
             frozen.append(self.teacher)
         return frozen
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        apply_freezing(self, self._frozen_modules(), self.norm_eval,
-                       (_BatchNorm, ))
-        return self
-
-    def init_weights(self) -> None:
-        """Official init, then ``init_cfg`` (see :func:`init_backbone_weights`)."""
-        init_backbone_weights(self, _init_like_official)

@@ -20,9 +20,17 @@ def multi_head_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
     Uses the fused ``scaled_dot_product_attention`` kernel, which never
     materialises the N x M attention matrix on backends with flash kernels.
+    Under ``torch.jit.trace`` (the FLOP counters of mmdet, mmpretrain and
+    mmpose, export) the same maths runs as two matmuls: jit-based counters
+    know ``matmul`` but not the fused op, and would count attention as free.
     """
     b, n, c = q.shape
-    out = F.scaled_dot_product_attention(
-        split_heads(q, num_heads), split_heads(k, num_heads),
-        split_heads(v, num_heads))
+    q = split_heads(q, num_heads)
+    k = split_heads(k, num_heads)
+    v = split_heads(v, num_heads)
+    if torch.jit.is_tracing():
+        attn = torch.matmul(q, k.transpose(-2, -1)) * (c // num_heads)**-0.5
+        out = torch.matmul(attn.softmax(-1), v)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v)
     return out.transpose(1, 2).reshape(b, n, c)

@@ -47,7 +47,7 @@ from ...registry import register_model
 from .attention import split_heads
 from .patch_embed import tokens_to_map
 from .token_clustering import (DPCKNNClustering, WindowLayout, _cols_aug,
-                               _k_smallest, _rows_aug, default_chunk_elems)
+                               _rows_aug, DEFAULT_CHUNK_ELEMS)
 
 Grid = Tuple[int, int]
 
@@ -468,9 +468,10 @@ class CentroidAttention(TokenReducer):
         k = min(self.knn, n)
         with torch.autocast(x.device.type, enabled=False):
             rows, cols = _rows_aug(u.float()), _cols_aug(x.float())
-            step = max(1, default_chunk_elems(x.device) // (b * n))
+            step = max(1, DEFAULT_CHUNK_ELEMS // (b * n))
             return torch.cat([
-                _k_smallest(torch.bmm(rows[:, r:r + step], cols), k)[1]
+                torch.bmm(rows[:, r:r + step], cols).topk(
+                    k, dim=-1, largest=False).indices
                 for r in range(0, m, step)
             ], 1)
 

@@ -3,26 +3,36 @@
 The algorithm follows the official code (see ``shared/reference/clustr.md``)
 with three deliberate differences: ties are broken by token index instead of
 random noise (deterministic), it always runs in fp32 without gradient, and the
-N x N distance matrix is never held whole. It is produced in row chunks of at
-most ``max_chunk_elems`` elements; one pass over the chunks yields each
-token's k nearest neighbours (density) and the largest distance. The distance
-to the nearest denser token is read off the neighbour list whenever a denser
-token is in it; only the rest (local density peaks, typically a small
-fraction) get a second, full row search.
+N x N distance matrix is held in blocks of at most ``max_chunk_elems``
+elements.
 
-Clustering runs inside *windows* of the stage's token grid:
+It is written for GPUs: every shape in the forward pass follows from the
+input size alone, so there is no host synchronisation, the work is the same
+fixed sequence of kernels whatever the data, and ``torch.compile`` /
+CUDA graphs / ``torch.jit.trace`` can capture it.
 
-* exact mode (``window_size=None``): one window = the whole grid, i.e. the
-  official per-image DPC-kNN. Cost is quadratic in the number of tokens.
-* window mode (``window_size=s``): ``min(s, H) x min(s, W)`` windows tile the
-  grid from the top-left, so a grid that fits in one window is clustered
-  exactly as in exact mode. Windows in the last row/column are cut by the
-  border and are simply smaller: there is no padding, hence no padded token
-  can be a center, a neighbour or a member, and no work is spent on padding.
-  Windows of equal shape (at most four groups: full, right edge, bottom edge,
-  corner) are clustered in one batched call. The cluster tokens of all
-  windows are concatenated (row-major over windows), so keys/values stay
-  global.
+* The distance to the nearest denser token is a masked minimum over the
+  distance block of every token at once (no data-dependent fallback list).
+* Clustering runs inside *windows* of the stage's token grid. Exact mode
+  (``window_size=None``) is one window = the whole grid, i.e. the official
+  per-image DPC-kNN; cost is quadratic in the tokens. Window mode
+  (``window_size=s``) tiles the grid with ``min(s, H) x min(s, W)`` windows
+  from the top-left, so a grid that fits one window is clustered exactly as
+  in exact mode. Windows cut by the border are zero-padded to the full shape;
+  a padded position is infinitely far from everything (+inf distances
+  straight out of the GEMM) and less dense than any token, so it is never a
+  neighbour, a denser token, a center or a member, nor in the largest
+  distance: each window is clustered exactly as if it stood alone. (The
+  padding costs distance work, e.g. 2x in stage 1 at 224 x 256; it buys one
+  call instead of up to four.) All windows of all images go
+  through one batched call; they are split into several calls only when the
+  distance block would exceed ``max_chunk_elems``, and rows of one window are
+  split only when a single window exceeds it (exact mode at high resolution).
+  Cluster tokens of all windows are concatenated (row-major over windows), so
+  keys/values stay global.
+* Everything that depends only on the grid size (window masks, cluster counts
+  and id offsets per window, the token order) is built once per size by
+  :class:`WindowLayout` and kept on the device.
 
 Cluster counts: a window of ``n`` tokens gets ``m = max(1, n // sr_ratio**2)``
 clusters for the coarse scale and ``min(4 * m, n)`` for the fine one
@@ -32,235 +42,348 @@ window of e.g. 56 x 16 tokens at stride 4 gets 14 and 56.
 """
 import math
 import threading
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from .graph_safety import is_tracing
+
 _scratch = threading.local()
+_SCRATCH_LIMIT = 1 << 24  # elements (64 MB) a CPU thread may keep for reuse
 
 
 def _distance_chunk(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``torch.bmm(a, b)``; on the CPU written into a reused per-thread buffer.
 
-    A fresh multi-megabyte chunk per call costs first-touch page faults
+    A fresh multi-megabyte block per call costs first-touch page faults
     every time (glibc returns large freed blocks to the kernel): measured up
-    to 40% of a stage-2 clustering at 224x224 on a 2-core CPU. The buffer
-    holds one chunk (``max_chunk_elems`` floats, 4 MB at the CPU default)
-    and each chunk is consumed before the next is computed. Accelerators
-    have caching allocators and get a plain ``bmm``, as does a jit trace
-    (FLOP counting, whose ``bmm`` handle takes no ``out``).
+    to 40% of a stage-2 clustering at 224x224 on a 2-core CPU. Blocks up to
+    64 MB reuse one buffer, and each is consumed before the next is made.
+    Accelerators have caching allocators and get a plain ``bmm``, as do
+    traces (FLOP counting's ``bmm`` handle takes no ``out``; dynamo).
     """
-    if a.device.type != 'cpu' or torch.jit.is_tracing():
+    if a.device.type != 'cpu' or is_tracing():
         return torch.bmm(a, b)
     shape = (a.shape[0], a.shape[1], b.shape[2])
     numel = math.prod(shape)
+    if numel > _SCRATCH_LIMIT:
+        return torch.bmm(a, b)
     buf = getattr(_scratch, 'buf', None)
     if buf is None or buf.numel() < numel:
         buf = _scratch.buf = torch.empty(numel, dtype=torch.float32)
     return torch.bmm(a, b, out=buf[:numel].view(shape))
 
 
+def _cat(parts: List[torch.Tensor], dim: int = 1) -> torch.Tensor:
+    """Chunks back together (no copy for a single chunk)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
+
+
+def _augment(x: torch.Tensor, ones: Optional[torch.Tensor] = None,
+             padding: Optional[torch.Tensor] = None
+             ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Rows [x, |x|^2, 1] and columns [-2x, 1, |x|^2]^T: one GEMM of them
+    gives all squared distances |a - b|^2. Columns are (G, C + 2, M).
+
+    ``ones``: a cached (G, M, 1) tensor of ones, if there is one.
+    ``padding``: (G, M) bool; a padded position (x = 0) gets |x|^2 = +inf,
+    so every distance to or from it is +inf straight out of the GEMM (the
+    inf only ever meets the constant 1, never a 0, so no NaN).
+    """
+    sq = x.pow(2).sum(-1, keepdim=True)
+    if padding is not None:
+        sq = sq.masked_fill_(padding[..., None], float('inf'))
+    if ones is None:
+        ones = torch.ones_like(sq)
+    return (torch.cat([x, sq, ones], -1),
+            torch.cat([-2 * x, ones, sq], -1).transpose(1, 2))
+
+
 def _rows_aug(x: torch.Tensor) -> torch.Tensor:
     """[x, |x|^2, 1]; with :func:`_cols_aug` one GEMM gives |a - b|^2."""
-    sq = x.pow(2).sum(-1, keepdim=True)
-    return torch.cat([x, sq, torch.ones_like(sq)], -1)
+    return _augment(x)[0]
 
 
 def _cols_aug(x: torch.Tensor) -> torch.Tensor:
     """[-2x, 1, |x|^2], transposed to (G, C + 2, M) for ``bmm``."""
-    sq = x.pow(2).sum(-1, keepdim=True)
-    return torch.cat([-2 * x, torch.ones_like(sq), sq], -1).transpose(1, 2)
+    return _augment(x)[1]
 
 
-def _k_smallest(d: torch.Tensor, k: int,
-                block: int = 64) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``d.topk(k, largest=False)`` along the last dim, with fewer comparisons.
+class WindowBatch(NamedTuple):
+    """Constants of a layout for one batch size, built once (no per-call ops).
 
-    Exact: every entry outside the k blocks with the smallest minima is >= k
-    entries inside them (one per block), so those blocks plus the ragged tail
-    hold a k-smallest set. Only ``k * block`` candidates per row reach topk.
+    Leading dim G = B x windows: ``invalid`` (G, n) marks padding;
+    ``knn_scale`` (G, 1) rescales the kNN mean of windows with fewer than k
+    tokens; ``ones`` (G, n, 1). ``center_valid`` (S, G, K) marks which of the
+    K center slots are centers of each scale. ``positions`` is ``arange(n)``;
+    ``offsets`` (S, 1, nWin, 1) the id of each window's first cluster;
+    ``merge_rows`` (S, B, 1) and ``merge_zeros`` (rows, C + 1) serve
+    :func:`merge_scales`; ``inf`` is a 0-dim +inf. Optional entries are None
+    where not needed.
     """
-    m = d.shape[-1]
-    nb = m // block
-    if nb < 32 or nb <= 2 * k:  # plain topk is faster on short rows
-        return d.topk(k, dim=-1, largest=False)
-    main = d[..., :nb * block].unflatten(-1, (nb, block))
-    blk = main.amin(-1).topk(k, dim=-1, largest=False).indices
-    cand = main.gather(-2, blk[..., None].expand(*blk.shape, block))
-    cols = blk[..., None] * block + torch.arange(block, device=d.device)
-    cand, cols = cand.flatten(-2), cols.flatten(-2)
-    if nb * block < m:
-        tail = torch.arange(nb * block, m, device=d.device)
-        cand = torch.cat([cand, d[..., nb * block:]], -1)
-        cols = torch.cat([cols, tail.expand(*cols.shape[:-1], -1)], -1)
-    values, pos = cand.topk(k, dim=-1, largest=False)
-    return values, cols.gather(-1, pos)
+    invalid: Optional[torch.Tensor]
+    knn_scale: Optional[torch.Tensor]
+    ones: torch.Tensor
+    center_valid: Optional[torch.Tensor]
+    positions: torch.Tensor
+    offsets: Optional[torch.Tensor] = None
+    merge_rows: Optional[torch.Tensor] = None
+    merge_zeros: Optional[torch.Tensor] = None
+    inf: Optional[torch.Tensor] = None
+
+    def windows(self, sl: slice) -> 'WindowBatch':
+        """The constants of windows ``sl`` (for one block of them)."""
+        if sl == slice(0, None):
+            return self
+
+        def cut(t, dim=0):
+            return None if t is None else t[sl] if dim == 0 else t[:, sl]
+        # the constructor, not _replace: dynamo of torch 2.1 cannot inline it
+        return WindowBatch(cut(self.invalid), cut(self.knn_scale),
+                           cut(self.ones), cut(self.center_valid, 1),
+                           *self[4:])
 
 
-def _assign_to_centers(rows: torch.Tensor, x: torch.Tensor,
-                       centers: torch.Tensor, counts: Sequence[int],
-                       max_chunk_elems: int) -> torch.Tensor:
-    """Nearest-center index per token for every scale; centers join themselves.
+def _dpc_knn_windows(x: torch.Tensor, counts: Sequence[int], k: int,
+                     max_chunk_elems: int, consts: WindowBatch
+                     ) -> torch.Tensor:
+    """DPC-kNN in each of G windows of n (possibly padded) tokens.
 
     Args:
-        rows: (G, n, C + 2) ``_rows_aug(x)``; x: (G, n, C) window tokens.
-        centers: (G, K) token indices, best score first.
-        counts: Clusters per scale (<= K); scale s uses the first
-            ``counts[s]`` centers, so the scales are nested.
-        max_chunk_elems: Bound on one (G, rows, K) distance chunk.
-
-    Returns:
-        (S, G, n) cluster index in ``[0, counts[s])``.
-    """
-    g, n, c = x.shape
-    num = centers.shape[1]
-    cols = _cols_aug(x.gather(1, centers[..., None].expand(-1, -1, c)))
-    out = torch.empty(len(counts), g, n, dtype=torch.long, device=x.device)
-    step = max(1, max_chunk_elems // (g * num))
-    for r0 in range(0, n, step):
-        dist = _distance_chunk(rows[:, r0:r0 + step], cols)  # (G, rows, K)
-        for s, cnt in enumerate(counts):
-            # argmin returns the first minimum: the better center wins ties.
-            out[s, :, r0:r0 + step] = dist[..., :cnt].argmin(-1)
-    for s, cnt in enumerate(counts):
-        out[s].scatter_(1, centers[:, :cnt],
-                        torch.arange(cnt, device=x.device).expand(g, -1))
-    return out
-
-
-def _dpc_knn_group(x: torch.Tensor, counts: Sequence[int], k: int,
-                   max_chunk_elems: int) -> torch.Tensor:
-    """DPC-kNN on G windows of n tokens each (fp32, no grad).
-
-    Args:
-        x: (G, n, C) tokens.
-        counts: Clusters per scale.
+        x: (G, n, C) fp32 tokens, zero at padded positions.
+        counts: Clusters per scale (the most any window gets); scale s uses
+            the first ``counts[s]`` centers, so the scales are nested.
         k: Neighbours for the density (the token itself included).
-        max_chunk_elems: Bound on the elements of one distance chunk.
+        max_chunk_elems: Bound on the elements of one distance block.
+        consts: Masks of this slice of windows (:class:`WindowBatch`).
 
     Returns:
-        (S, G, n) cluster index of every token, per scale.
+        (S, G, n) cluster index of every token, per scale (padded positions
+        get arbitrary ids).
     """
     g, n, c = x.shape
     k_eff = min(k, n)
-    step = max(1, max_chunk_elems // (g * n))
-    rows, cols = _rows_aug(x), _cols_aug(x)
+    inf = float('inf')
+    invalid = consts.invalid
+    rows, cols = _augment(x, consts.ones, invalid)
+    # Rows of one block; < n only when a single window exceeds the budget.
+    step = n if g * n * n <= max_chunk_elems else max(
+        1, max_chunk_elems // (g * n))
 
-    # Pass over row chunks: largest distance, k nearest (self included).
-    knn_d = x.new_empty(g, n, k_eff)
-    knn_i = torch.empty(g, n, k_eff, dtype=torch.long, device=x.device)
-    dmax2 = x.new_zeros(g)
+    def block(r0):
+        return _distance_chunk(rows[:, r0:r0 + step], cols)
+
+    # Pass 1: the k nearest (self included) per token, the largest distance.
+    row_max, knn_d, whole = [], [], None
     for r0 in range(0, n, step):
-        d = _distance_chunk(rows[:, r0:r0 + step], cols)
-        dmax2 = torch.maximum(dmax2, d.amax((1, 2)))
+        d = block(r0)
         d.diagonal(offset=r0, dim1=1, dim2=2).zero_()
-        knn_d[:, r0:r0 + step], knn_i[:, r0:r0 + step] = _k_smallest(
-            d, k_eff)
-    rho = torch.exp(-knn_d.clamp_(min=0).mean(-1) / c)
+        knn_d.append(d.topk(k_eff, dim=-1, largest=False).values)
+        if invalid is not None:  # distances to/from padding leave the max
+            d = d.nan_to_num_(posinf=0.0)
+        row_max.append(d.amax((1, 2))[:, None] if step >= n else d.amax(-1))
+        whole = d if step >= n else None
+    row_max, knn_d = _cat(row_max), _cat(knn_d)
+    if consts.knn_scale is not None:  # windows with fewer than k tokens
+        knn_d = knn_d.nan_to_num_(posinf=0.0)
+    dmax2 = row_max[:, 0] if row_max.shape[1] == 1 else row_max.amax(-1)
+    mean = knn_d.clamp_(min=0).mean(-1)
+    if consts.knn_scale is not None:
+        mean = mean * consts.knn_scale
+    rho = torch.exp(mean.div_(-c))  # = exp(-mean / c), sign flips exactly
+    if invalid is not None:
+        rho = rho.masked_fill_(invalid, -1.0)  # padding: least dense
 
     # Density rank, ties to the lower index; "denser" means lower rank.
     order = torch.sort(rho, dim=1, descending=True, stable=True).indices
-    rank = torch.empty_like(order).scatter_(
-        1, order, torch.arange(n, device=x.device).expand(g, -1))
+    rank = order.argsort(dim=1)
 
-    # The neighbour lists are sorted by distance, so the first denser token
-    # in a list is the nearest denser token overall.
-    nbr_rank = rank.gather(1, knn_i.flatten(1)).view(g, n, k_eff)
-    denser = nbr_rank < rank[..., None]
-    first = torch.where(denser, torch.arange(k_eff, device=x.device),
-                        k_eff).amin(-1)
-    delta2 = knn_d.gather(-1, first.clamp(max=k_eff - 1)[..., None])[..., 0]
-    # Tokens without a denser neighbour (but the densest): full row search.
-    need = (first == k_eff) & (rank > 0)
-    n_need = int(need.sum(-1).max())
-    if n_need:
-        sel = torch.sort(need.byte(), dim=1, descending=True,
-                         stable=True).indices[:, :n_need]
-        rows_sel = rows.gather(1, sel[..., None].expand(-1, -1, c + 2))
-        rank_sel = rank.gather(1, sel)
-        best = x.new_empty(g, n_need)
-        for r0 in range(0, n_need, step):
-            d = _distance_chunk(rows_sel[:, r0:r0 + step], cols)
-            not_denser = rank[:, None, :] >= rank_sel[:, r0:r0 + step, None]
-            best[:, r0:r0 + step] = d.masked_fill_(not_denser,
-                                                   float('inf')).amin(-1)
-        delta2.scatter_(1, sel, torch.where(need.gather(1, sel), best,
-                                            delta2.gather(1, sel)))
-    # The densest token's delta is the largest distance in the window.
-    delta2 = torch.where(rank == 0, dmax2[:, None], delta2)
-    score = rho * (delta2.clamp(min=0) / c).sqrt()
-
+    # Pass 2: distance to the nearest denser token, for every token (padding
+    # is never denser than a real token, so the rank mask removes it too).
+    if whole is not None:
+        delta2 = whole.masked_fill_(rank[:, None, :] >= rank[:, :, None],
+                                    inf).amin(-1)
+    else:
+        delta2 = torch.cat([
+            block(r0).masked_fill_(
+                rank[:, None, :] >= rank[:, r0:r0 + step, None],
+                inf).amin(-1) for r0 in range(0, n, step)], 1)
+    # The densest token (no denser one: inf) gets the largest distance in
+    # the window; every other delta2 is one of the distances, so <= dmax2.
+    delta2 = torch.minimum(delta2, dmax2[:, None])
+    score = rho * delta2.clamp_(min=0).div_(c).sqrt_()
+    if invalid is not None:
+        score = score.masked_fill_(invalid, -inf)
+    num = max(counts)
     centers = torch.sort(score, dim=1, descending=True,
-                         stable=True).indices[:, :max(counts)]
-    return _assign_to_centers(rows, x, centers, counts, max_chunk_elems)
+                         stable=True).indices[:, :num]
+
+    # Every token joins its nearest center; a center joins itself: -inf at
+    # its own slot, which every scale it belongs to sees.
+    center_cols = cols.gather(2, centers[:, None, :].expand(-1, c + 2, -1))
+    if step >= n:
+        dist = torch.bmm(rows, center_cols)
+        return _nearest_center(dist.scatter_(1, centers[:, None, :], -inf),
+                               counts, consts)
+    # One window above the budget: row blocks, each finished before the next.
+    return torch.cat([
+        _nearest_center(
+            torch.bmm(rows[:, r0:r0 + step], center_cols).masked_fill_(
+                centers[:, None, :] == consts.positions[r0:r0 + step, None],
+                -inf), counts, consts) for r0 in range(0, n, step)], 2)
 
 
-class Band(NamedTuple):
-    """A run of ``count`` equal windows of ``size`` tokens along one axis."""
-    index: int  # index of the band's first window along the axis
-    start: int  # token offset of the band
-    count: int
-    size: int
+def _nearest_center(dist: torch.Tensor, counts: Sequence[int],
+                    consts: WindowBatch) -> torch.Tensor:
+    """(G, rows, K) distances to the centers -> (S, G, rows) ids.
 
-
-def _bands(length: int, size: int) -> List[Band]:
-    full, rest = divmod(length, size)
-    bands = [Band(0, 0, full, size)]
-    if rest:
-        bands.append(Band(full, full * size, 1, rest))
-    return bands
+    argmin takes the first minimum, so the better center wins ties; all
+    scales in one argmin, slots that are not centers of a scale set to +inf.
+    """
+    if len(counts) == 1 and consts.center_valid is None:
+        return dist[..., :counts[0]].argmin(-1)[None]
+    return torch.where(consts.center_valid[:, :, None, :], dist,
+                       consts.inf).argmin(-1)
 
 
 class WindowLayout:
     """How a stage's token grid is tiled by clustering windows.
+
+    Built once per grid size (by :class:`DPCKNNClustering`); everything a
+    forward pass needs besides the tokens is precomputed here, on ``device``.
 
     Args:
         hw: (H, W) of the token grid.
         window_size: Window side in tokens; None covers the grid with one.
         sr_ratio: Reduction ratio r of the stage (coarse count n // r^2).
         scale_factors: Cluster count multipliers of the scales.
-        device: Device of ``offsets``.
+        device: Device of the precomputed tensors.
+        k: Neighbours of the kNN density (windows with fewer tokens get a
+            rescaled mean).
 
     Attributes:
-        groups: ``(row_band, col_band, counts)`` per group of equal windows.
-        offsets: (S, nH, nW) id of each window's first cluster, per scale.
+        window: (h, w) of a full window; grid: windows per (column, row).
+        tokens: Real (unpadded) tokens of each window, row-major.
+        counts: Per scale, the clusters of each window.
         totals: Number of clusters per scale.
         identity: Per scale, whether every token is its own cluster.
+        offsets: (S, nWin) id of each window's first cluster, per scale.
     """
 
     def __init__(self, hw: Tuple[int, int], window_size: Optional[int],
                  sr_ratio: int, scale_factors: Sequence[int] = (1, 4),
-                 device: Optional[torch.device] = None):
-        self.hw = (h, w) = tuple(hw)
+                 device: Optional[torch.device] = None, k: int = 5):
+        # int(): under torch.jit.trace sizes arrive as 0-dim tensors.
+        self.hw = (h, w) = (int(hw[0]), int(hw[1]))
         size = window_size or max(h, w)
-        rows, cols = _bands(h, min(size, h)), _bands(w, min(size, w))
-        table = torch.zeros(len(scale_factors), rows[-1].index + 1,
-                            cols[-1].index + 1, dtype=torch.long)
-        self.groups = []
-        self.identity = [True] * len(scale_factors)
-        for rb in rows:
-            for cb in cols:
-                n = rb.size * cb.size
-                base = max(1, n // sr_ratio**2)
-                counts = [min(f * base, n) for f in scale_factors]
-                self.groups.append((rb, cb, counts))
-                for s, cnt in enumerate(counts):
-                    table[s, rb.index:rb.index + rb.count,
-                          cb.index:cb.index + cb.count] = cnt
-                    self.identity[s] &= cnt == n
-        flat = table.flatten(1)
-        self.totals = flat.sum(1).tolist()
-        self.offsets = (flat.cumsum(1) - flat).view_as(table).to(device)
+        self.window = (wh, ww) = (min(size, h), min(size, w))
+        self.grid = (gh, gw) = (-(-h // wh), -(-w // ww))
+        self.device, self.k = device, k
+        self.tokens = [min(wh, h - i * wh) * min(ww, w - j * ww)
+                       for i in range(gh) for j in range(gw)]
+        self.counts = []
+        for f in scale_factors:
+            self.counts.append([min(f * max(1, n // sr_ratio**2), n)
+                                for n in self.tokens])
+        self.totals = [sum(c) for c in self.counts]
+        self.identity = [c == self.tokens for c in self.counts]
+        self.padded = gh * wh != h or gw * ww != w
+        offsets = [[sum(c[:i]) for i in range(len(c))] for c in self.counts]
+        self.offsets = torch.tensor(offsets, dtype=torch.long, device=device)
+        # Token t of the grid sits at flat position token_pos[t] of the
+        # (windows x window tokens) layout; None when that is the identity.
+        rows = torch.arange(h, device=device)
+        cols = torch.arange(w, device=device)
+        win = (rows // wh)[:, None] * gw + (cols // ww)[None]
+        pos = (rows % wh)[:, None] * ww + (cols % ww)[None]
+        self.token_pos = (None if gh * gw == 1 else
+                          (win * (wh * ww) + pos).flatten())
+        self.token_ids = torch.arange(h * w, device=device)
+        self._batches: Dict[Tuple[int, Tuple[int, ...]], WindowBatch] = {}
+
+    def window_batch(self, batch: int, todo: Sequence[int],
+                     channels: int) -> WindowBatch:
+        """Constants for ``batch`` images of ``channels``, scales ``todo``."""
+        key = (batch, tuple(todo), channels)
+        if key in self._batches:
+            return self._batches[key]
+        (h, w), (wh, ww), (gh, gw) = self.hw, self.window, self.grid
+        dev, n = self.device, wh * ww
+        positions = torch.arange(n, device=dev)
+        invalid = knn_scale = center_valid = None
+        if self.padded:
+            r = torch.arange(gh, device=dev)[:, None] * wh + torch.arange(
+                wh, device=dev)
+            c = torch.arange(gw, device=dev)[:, None] * ww + torch.arange(
+                ww, device=dev)
+            invalid = ~((r < h)[:, None, :, None] & (c < w)[None, :, None, :])
+            invalid = invalid.reshape(gh * gw, n).repeat(batch, 1)
+            k_eff = min(self.k, n)
+            if min(self.tokens) < k_eff:
+                knn_scale = torch.tensor(
+                    [k_eff / min(k_eff, t) for t in self.tokens],
+                    device=dev).repeat(batch)[:, None]
+        counts = [self.counts[s] for s in todo]
+        if len(counts) > 1 or len(set(counts[0])) > 1:
+            num = max(max(c) for c in counts)
+            cnt = torch.tensor(counts, device=dev)  # (S, nWin)
+            center_valid = (positions[:num] < cnt[..., None]).repeat(
+                1, batch, 1)
+        offsets = self.offsets[list(todo)][:, None, :, None]
+        totals = [self.totals[s] for s in todo]
+        consts = WindowBatch(
+            invalid, knn_scale,
+            torch.ones(batch * gh * gw, n, 1, device=dev), center_valid,
+            positions, offsets, merge_rows(batch, totals, dev),
+            torch.zeros(batch * sum(totals), channels + 1, device=dev),
+            torch.tensor(float('inf'), device=dev))
+        if not is_tracing():
+            self._batches[key] = consts
+        return consts
 
 
-def default_chunk_elems(device: torch.device) -> int:
-    """2**20 on CPU (4 MB chunks stay in cache: fastest there), 2**26 on
-    accelerators (fewer, larger kernels)."""
-    return 1 << 20 if device.type == 'cpu' else 1 << 26
+# Largest distance block, in elements (1 GiB fp32), on every device. Blocks
+# are split only above it (see the module docstring), so the kernel count
+# does not grow with the batch or image until memory forces it (batch 2 at
+# 800 x 1344: stage 1 in two blocks).
+DEFAULT_CHUNK_ELEMS = 1 << 28
 
 
 @torch.no_grad()
+def _assign_stacked(x: torch.Tensor, layout: WindowLayout, k: int,
+                    max_chunk_elems: Optional[int]) -> torch.Tensor:
+    """(S', B, N) ids of the non-identity scales (see :func:`dpc_knn_assign`)."""
+    b, n_tok, c = x.shape
+    (h, w), (wh, ww), (gh, gw) = layout.hw, layout.window, layout.grid
+    device = x.device
+    max_chunk_elems = max_chunk_elems or DEFAULT_CHUNK_ELEMS
+    todo = [s for s, ident in enumerate(layout.identity) if not ident]
+    consts = layout.window_batch(b, todo, c)
+    counts = [max(layout.counts[s]) for s in todo]
+    n = wh * ww
+    with torch.autocast(device.type, enabled=False):
+        grid = x.float().reshape(b, h, w, c)
+        if layout.padded:
+            grid = F.pad(grid, (0, 0, 0, gw * ww - w, 0, gh * wh - h))
+        win = grid.reshape(b, gh, wh, gw, ww, c).transpose(2, 3).reshape(
+            -1, n, c)
+        # Whole windows per call, as many as fit the block budget.
+        per_call = max(1, max_chunk_elems // (n * n))
+        parts = []
+        for g0 in range(0, win.shape[0], per_call):
+            sl = (slice(0, None) if per_call >= win.shape[0] else
+                  slice(g0, g0 + per_call))
+            parts.append(_dpc_knn_windows(win[sl], counts, k,
+                                          max_chunk_elems, consts.windows(sl)))
+        local = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+        if gh * gw == 1:
+            return local.view(len(todo), b, n_tok)
+        local = (local.view(len(todo), b, gh * gw, n) + consts.offsets)
+        return local.flatten(2).index_select(2, layout.token_pos)
+
+
 def dpc_knn_assign(x: torch.Tensor, layout: WindowLayout, k: int = 5,
                    max_chunk_elems: Optional[int] = None
                    ) -> List[torch.Tensor]:
@@ -270,57 +393,22 @@ def dpc_knn_assign(x: torch.Tensor, layout: WindowLayout, k: int = 5,
         x: (B, N, C) tokens of the grid described by ``layout``.
         layout: Windows and cluster counts (:class:`WindowLayout`).
         k: Neighbours of the kNN density (the token itself included).
-        max_chunk_elems: Bound on the elements of one distance chunk; None
-            picks :func:`default_chunk_elems` for the device.
+        max_chunk_elems: Bound on the elements of one distance block; None
+            is :data:`DEFAULT_CHUNK_ELEMS`.
 
     Returns:
         Per scale, (B, N) long ids in ``[0, layout.totals[s])``, numbered
         window by window (row-major), by center score inside a window.
         Identity scales get ``arange(N)``.
     """
-    b, n_tok, c = x.shape
-    (h, w), device = layout.hw, x.device
-    max_chunk_elems = max_chunk_elems or default_chunk_elems(device)
-    todo = [s for s, ident in enumerate(layout.identity) if not ident]
-    ids = [torch.arange(n_tok, device=device).expand(b, -1)] * len(
-        layout.identity)
-    if not todo or b == 0:
+    b = x.shape[0]
+    ids = [layout.token_ids.expand(b, -1)] * len(layout.identity)
+    if all(layout.identity) or b == 0:
         return ids
-    if not torch.isfinite(x).all():
-        raise FloatingPointError(
-            'DPC-kNN got non-finite tokens (NaN/Inf): the activations '
-            'diverged, and every distance and assignment would be meaningless')
-    with torch.autocast(device.type, enabled=False):
-        grid = x.float().reshape(b, h, w, c)
-        out = torch.empty(len(todo), b, h, w, dtype=torch.long, device=device)
-        for rb, cb, counts in layout.groups:
-            counts = [counts[s] for s in todo]
-            rs = slice(rb.start, rb.start + rb.count * rb.size)
-            cs = slice(cb.start, cb.start + cb.count * cb.size)
-            n = rb.size * cb.size
-            win = grid[:, rs, cs].reshape(b, rb.count, rb.size, cb.count,
-                                          cb.size, c)
-            win = win.permute(0, 1, 3, 2, 4, 5).reshape(-1, n, c)
-            if all(cnt == n for cnt in counts):
-                local = torch.arange(n, device=device).expand(
-                    len(todo), win.shape[0], -1)
-            else:
-                # Whole windows per call if they fit the chunk budget.
-                per_call = max(1, max_chunk_elems // (n * n))
-                local = torch.cat([
-                    _dpc_knn_group(win[i:i + per_call], counts, k,
-                                   max_chunk_elems)
-                    for i in range(0, win.shape[0], per_call)
-                ], dim=1)
-            local = local.view(len(todo), b, rb.count, cb.count, rb.size,
-                               cb.size)
-            offsets = layout.offsets[todo][:, rb.index:rb.index + rb.count,
-                                           cb.index:cb.index + cb.count]
-            local = local + offsets[:, None, :, :, None, None]
-            out[:, :, rs, cs] = local.permute(0, 1, 2, 4, 3, 5).reshape(
-                len(todo), b, rb.count * rb.size, cb.count * cb.size)
+    stacked = _assign_stacked(x, layout, k, max_chunk_elems)
+    todo = [s for s, ident in enumerate(layout.identity) if not ident]
     for i, s in enumerate(todo):
-        ids[s] = out[i].view(b, n_tok)
+        ids[s] = stacked[i]
     return ids
 
 
@@ -342,6 +430,67 @@ def merge_tokens(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor,
         0, flat, (x * w).reshape(-1, c))
     den = w.new_zeros(b * num_clusters, 1).index_add(0, flat, w.reshape(-1, 1))
     return (num / (den + 1e-6)).reshape(b, num_clusters, c)
+
+
+def merge_rows(batch: int, totals: Sequence[int],
+               device: Optional[torch.device] = None) -> torch.Tensor:
+    """(S, B, 1) row of cluster 0 of image b in scale s of :func:`merge_scales`:
+    earlier scales' rows + b * totals[s], so one scatter fills every scale."""
+    starts = [batch * sum(totals[:t]) for t in range(len(totals))]
+    return (torch.tensor(starts, device=device)[:, None] +
+            torch.tensor(totals, device=device)[:, None] *
+            torch.arange(batch, device=device))[..., None]
+
+
+def merge_scales(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor,
+                 totals: Sequence[int], rows: Optional[torch.Tensor] = None,
+                 zeros: Optional[torch.Tensor] = None,
+                 weighted: Optional[torch.Tensor] = None
+                 ) -> List[torch.Tensor]:
+    """:func:`merge_tokens` for S scales at once (one scatter for all).
+
+    Args:
+        x: (B, N, C) tokens; w: (B, N, 1) positive token weights.
+        ids: (S, B, N) cluster of every token per scale.
+        totals: Clusters of each scale.
+        rows: :func:`merge_rows` of the batch (computed if None).
+        zeros: A cached zero (B * sum(totals), C + 1) tensor, if any.
+        weighted: ``cat([x * w, w], -1)``, if the caller has it.
+
+    Returns:
+        Per scale, (B, totals[s], C); each equals ``merge_tokens`` (the same
+        sums in the same order).
+    """
+    b, n, c = x.shape
+    return _normalise(_cluster_sums(x, w, ids, totals, rows, zeros,
+                                    weighted), [b * m for m in totals], b, c)
+
+
+def _cluster_sums(x, w, ids, totals, rows=None, zeros=None, weighted=None):
+    """(B * sum(totals), C + 1): per cluster, [sum of w x, sum of w]."""
+    b, n, c = x.shape
+    s = ids.shape[0]
+    if rows is None:
+        rows = merge_rows(b, totals, x.device)
+    if zeros is None:
+        zeros = x.new_zeros(b * sum(totals), c + 1)
+    # Numerators and denominators of every scale in one index_add.
+    src = torch.cat([x * w, w], -1) if weighted is None else weighted
+    if s > 1:
+        src = src.expand(s, b, n, c + 1)
+    return zeros.index_add(0, (ids + rows).reshape(-1),
+                           src.reshape(-1, c + 1))
+
+
+def _normalise(sums: torch.Tensor, sizes: Sequence[int], b: int,
+               c: int) -> List[torch.Tensor]:
+    """Rows [w-weighted sums, sum of w] -> means, split into (B, M, C)."""
+    merged = sums[:, :c] / (sums[:, c:] + 1e-6)
+    out, start = [], 0
+    for size in sizes:
+        out.append(merged[start:start + size].view(b, size // b, c))
+        start += size
+    return out
 
 
 class DPCKNNClustering(nn.Module):
@@ -366,7 +515,7 @@ class DPCKNNClustering(nn.Module):
             exact mode (one window per image). Default None.
         max_chunk_elems (int, optional): Largest distance chunk, in elements;
             bounds the clustering's memory. Default None:
-            :func:`default_chunk_elems` of the input's device.
+            :data:`DEFAULT_CHUNK_ELEMS`.
     """
 
     def __init__(self, sr_ratio: int, scale_factors: Sequence[int] = (1, 4),
@@ -386,11 +535,18 @@ class DPCKNNClustering(nn.Module):
 
     def layout(self, hw: Tuple[int, int],
                device: torch.device) -> WindowLayout:
-        key = (tuple(hw), device)
+        """The :class:`WindowLayout` of an ``hw`` grid, built once per size
+        (rebuilt, not cached, while tracing or compiling)."""
+        grid = (int(hw[0]), int(hw[1]))
+        if is_tracing():
+            return WindowLayout(grid, self.window_size, self.sr_ratio,
+                                self.scale_factors, device, self.k)
+        key = (grid, device)
         if self._layout is None or self._layout[0] != key:
-            self._layout = (key,
-                            WindowLayout(hw, self.window_size, self.sr_ratio,
-                                         self.scale_factors, device))
+            self._layout = (key, WindowLayout(grid, self.window_size,
+                                              self.sr_ratio,
+                                              self.scale_factors, device,
+                                              self.k))
         return self._layout[1]
 
     def cluster(self, x: torch.Tensor, w: torch.Tensor, hw: Tuple[int, int]
@@ -400,16 +556,41 @@ class DPCKNNClustering(nn.Module):
         x: (B, N, C) tokens of the ``hw`` grid, w: (B, N, 1) weights.
         """
         layout = self.layout(hw, x.device)
-        ids = dpc_knn_assign(x.detach(), layout, self.k, self.max_chunk_elems)
+        b = x.shape[0]
+        todo = [s for s, ident in enumerate(layout.identity) if not ident]
+        ids = [layout.token_ids.expand(b, -1)] * len(layout.identity)
+        if not b:  # empty batch (a size, not data: no sync)
+            return [x.new_zeros(0, m, x.shape[2]) for m in layout.totals], ids
+        stacked = None
+        if todo:
+            stacked = _assign_stacked(x.detach(), layout, self.k,
+                                      self.max_chunk_elems)
+            for i, s in enumerate(todo):
+                ids[s] = stacked[i]
         if self.record_assignments:
             self.assignments = ids
         with torch.autocast(x.device.type, enabled=False):
             xf, wf = x.float(), w.float()
-            out = [
-                xf * (wf / (wf + 1e-6)) if ident else merge_tokens(
-                    xf, wf, idx, total) for idx, ident, total in zip(
-                        ids, layout.identity, layout.totals)
-            ]
+            c = x.shape[2]
+            weighted = torch.cat([xf * wf, wf], -1)
+            # Identity scales are singleton clusters: their sums are the
+            # weighted tokens themselves, normalised along with the rest.
+            sums, sizes = [], []
+            if stacked is not None:
+                consts = layout.window_batch(b, todo, c)
+                totals = [layout.totals[s] for s in todo]
+                sums.append(_cluster_sums(xf, wf, stacked, totals,
+                                          consts.merge_rows,
+                                          consts.merge_zeros, weighted))
+                sizes += [b * m for m in totals]
+            if len(todo) < len(ids):
+                sums.append(weighted.reshape(-1, c + 1))
+                sizes.append(b * x.shape[1])
+            merged = _normalise(_cat(sums, 0), sizes, b, c)
+            alone = merged[-1] if len(todo) < len(ids) else None
+            out = [alone] * len(ids)
+            for s, m in zip(todo, merged):
+                out[s] = m
         return [o.to(x.dtype) for o in out], ids
 
     def forward(self, x: torch.Tensor, w: torch.Tensor,

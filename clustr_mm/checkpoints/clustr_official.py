@@ -10,9 +10,11 @@ the same.
 """
 import re
 from collections import OrderedDict
-from typing import Dict, List, Mapping, Tuple
+from typing import List, Mapping, Tuple
 
 import torch
+
+from .keys import strip_module_prefix
 
 _RULES = [
     (re.compile(r'^patch_embed(\d+)\.(.+)$'),
@@ -27,14 +29,6 @@ _RULES = [
 ]
 
 
-def unwrap_state_dict(checkpoint: Mapping) -> Mapping[str, torch.Tensor]:
-    """The state dict inside ``{'model': ...}`` / ``{'state_dict': ...}``."""
-    for key in ('model', 'state_dict'):
-        if key in checkpoint and isinstance(checkpoint[key], Mapping):
-            return checkpoint[key]
-    return checkpoint
-
-
 def convert_clustr_official(
         official: Mapping[str, torch.Tensor]
 ) -> Tuple['OrderedDict[str, torch.Tensor]', List[str]]:
@@ -45,8 +39,7 @@ def convert_clustr_official(
         official keys no rule matched.
     """
     converted, unmatched = OrderedDict(), []
-    for key, value in official.items():
-        key = key[len('module.'):] if key.startswith('module.') else key
+    for key, value in strip_module_prefix(official).items():
         for pattern, rename in _RULES:
             match = pattern.match(key)
             if match:
@@ -55,23 +48,6 @@ def convert_clustr_official(
         else:
             unmatched.append(key)
     return converted, unmatched
-
-
-def compare_state_dicts(converted: Mapping[str, torch.Tensor],
-                        expected: Mapping[str, torch.Tensor]
-                        ) -> Dict[str, List[str]]:
-    """Matched / missing / unexpected / shape-mismatched keys vs a model."""
-    report = dict(matched=[], missing=[], unexpected=[], shape_mismatch=[])
-    for key, value in converted.items():
-        if key not in expected:
-            report['unexpected'].append(key)
-        elif tuple(value.shape) != tuple(expected[key].shape):
-            report['shape_mismatch'].append(
-                f'{key}: {tuple(value.shape)} vs {tuple(expected[key].shape)}')
-        else:
-            report['matched'].append(key)
-    report['missing'] = [k for k in expected if k not in converted]
-    return report
 
 
 def infer_clustr_arch(converted: Mapping[str, torch.Tensor]) -> str:

@@ -15,16 +15,14 @@ from typing import Callable, Dict, Optional
 import torch
 from torch import nn
 
-from .convert import unwrap_state_dict
+from .keys import StateDict, strip_module_prefix, unwrap_state_dict
 from .safe_pickle import download_checkpoint, safe_load
-
-StateDict = Dict[str, torch.Tensor]
 
 
 def read_checkpoint(filename: str, map_location: str = 'cpu') -> StateDict:
     """Read a weights file (local path or URL) without unpickling objects.
 
-    Loads through :func:`clustr_mm.utils.safe_pickle.safe_load`: torch's
+    Loads through :func:`clustr_mm.checkpoints.safe_pickle.safe_load`: torch's
     weights-only loader where it can take our allow-list, a restricted
     unpickler on older torch; either way only tensors, containers and the
     data-only types of MMEngine runner checkpoints are rebuilt.
@@ -53,10 +51,7 @@ def read_checkpoint(filename: str, map_location: str = 'cpu') -> StateDict:
     if not isinstance(ckpt, dict):
         raise TypeError(f'{filename} holds a {type(ckpt).__name__}, '
                         'expected a state dict')
-    ckpt = unwrap_state_dict(ckpt)
-    if ckpt and all(k.startswith('module.') for k in ckpt):
-        ckpt = {k[len('module.'):]: v for k, v in ckpt.items()}
-    return ckpt
+    return strip_module_prefix(unwrap_state_dict(ckpt))
 
 
 def _default_reinit(module: nn.Module) -> None:

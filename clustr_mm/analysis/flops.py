@@ -155,16 +155,17 @@ def dpc_knn_flops(reducer: nn.Module, batch: int, channels: int,
     if not todo:
         return out
     c, k = channels, reducer.k
-    for rb, cb, counts in layout.groups:
-        n = rb.size * cb.size
-        counts = [counts[s] for s in todo]
+    # The algorithm's work, window by window. (On the device, window mode
+    # pads border windows to the full window shape and masks the padding,
+    # so it runs more than this on grids the windows do not divide.)
+    for i, n in enumerate(layout.tokens):
+        counts = [layout.counts[s][i] for s in todo]
         if all(cnt == n for cnt in counts):
             continue  # every clustered scale is the identity here
-        g = batch * rb.count * cb.count
         big_k = max(counts)
-        out['clustering.distances'] += g * (n * n + n * big_k) * (c + 2)
-        out['clustering.selection'] += g * (2 * n * n + n * min(k, n) +
-                                            2 * n + n * sum(counts))
+        out['clustering.distances'] += batch * (n * n + n * big_k) * (c + 2)
+        out['clustering.selection'] += batch * (2 * n * n + n * min(k, n) +
+                                                2 * n + n * sum(counts))
     out['clustering.merge'] += len(todo) * batch * h * w * (c + 1)
     return out
 

@@ -8,11 +8,9 @@ them; they are not weights).
 """
 import re
 from collections import OrderedDict
-from typing import Dict, List, Tuple
+from typing import List, Tuple
 
-import torch
-
-StateDict = Dict[str, torch.Tensor]
+from .keys import StateDict, strip_module_prefix
 
 _STAGE = r'^stage(?P<i>\d+)\.(?P<b>\d+)\.'
 _TEACHER = r'^paca_teacher\.'
@@ -75,8 +73,7 @@ _DROPPED = re.compile(_TEACHER + r'transition\d+\.0\.blur_filter$')
 
 def _strip_wrappers(state: StateDict) -> Tuple[StateDict, List[str]]:
     """Drop ``module.``; keep only ``backbone.*`` of a detector/segmentor."""
-    if state and all(k.startswith('module.') for k in state):
-        state = {k[len('module.'):]: v for k, v in state.items()}
+    state = strip_module_prefix(state)
     if any(k.startswith('backbone.') for k in state):
         others = [k for k in state if not k.startswith('backbone.')]
         state = {k[len('backbone.'):]: v for k, v in state.items()

@@ -1,0 +1,1 @@
+"""Measuring the models: FLOP counting and the op/host-sync census."""
