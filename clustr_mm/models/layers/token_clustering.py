@@ -120,7 +120,7 @@ class WindowBatch(NamedTuple):
     K center slots are centers of each scale. ``positions`` is ``arange(n)``;
     ``offsets`` (S, 1, nWin, 1) the id of each window's first cluster;
     ``merge_rows`` (S, B, 1) and ``merge_zeros`` (rows, C + 1) serve
-    :func:`merge_scales`; ``inf`` is a 0-dim +inf. Optional entries are None
+    :func:`_cluster_sums`; ``inf`` is a 0-dim +inf. Optional entries are None
     where not needed.
     """
     invalid: Optional[torch.Tensor]
@@ -434,7 +434,7 @@ def merge_tokens(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor,
 
 def merge_rows(batch: int, totals: Sequence[int],
                device: Optional[torch.device] = None) -> torch.Tensor:
-    """(S, B, 1) row of cluster 0 of image b in scale s of :func:`merge_scales`:
+    """(S, B, 1) row of cluster 0 of image b in scale s of :func:`_cluster_sums`:
     earlier scales' rows + b * totals[s], so one scatter fills every scale."""
     starts = [batch * sum(totals[:t]) for t in range(len(totals))]
     return (torch.tensor(starts, device=device)[:, None] +
@@ -442,44 +442,20 @@ def merge_rows(batch: int, totals: Sequence[int],
             torch.arange(batch, device=device))[..., None]
 
 
-def merge_scales(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor,
-                 totals: Sequence[int], rows: Optional[torch.Tensor] = None,
-                 zeros: Optional[torch.Tensor] = None,
-                 weighted: Optional[torch.Tensor] = None
-                 ) -> List[torch.Tensor]:
-    """:func:`merge_tokens` for S scales at once (one scatter for all).
+def _cluster_sums(ids: torch.Tensor, weighted: torch.Tensor,
+                  rows: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
+    """(B * sum(totals), C + 1): per cluster, [sum of w x, sum of w].
 
-    Args:
-        x: (B, N, C) tokens; w: (B, N, 1) positive token weights.
-        ids: (S, B, N) cluster of every token per scale.
-        totals: Clusters of each scale.
-        rows: :func:`merge_rows` of the batch (computed if None).
-        zeros: A cached zero (B * sum(totals), C + 1) tensor, if any.
-        weighted: ``cat([x * w, w], -1)``, if the caller has it.
-
-    Returns:
-        Per scale, (B, totals[s], C); each equals ``merge_tokens`` (the same
-        sums in the same order).
+    ``ids`` (S, B, N) per scale; ``weighted`` (B, N, C + 1) ``[x * w, w]``;
+    ``rows`` :func:`merge_rows` and ``zeros`` a zero (B * sum(totals),
+    C + 1) tensor of the batch. Numerators and denominators of every scale
+    in one index_add.
     """
-    b, n, c = x.shape
-    return _normalise(_cluster_sums(x, w, ids, totals, rows, zeros,
-                                    weighted), [b * m for m in totals], b, c)
-
-
-def _cluster_sums(x, w, ids, totals, rows=None, zeros=None, weighted=None):
-    """(B * sum(totals), C + 1): per cluster, [sum of w x, sum of w]."""
-    b, n, c = x.shape
-    s = ids.shape[0]
-    if rows is None:
-        rows = merge_rows(b, totals, x.device)
-    if zeros is None:
-        zeros = x.new_zeros(b * sum(totals), c + 1)
-    # Numerators and denominators of every scale in one index_add.
-    src = torch.cat([x * w, w], -1) if weighted is None else weighted
-    if s > 1:
-        src = src.expand(s, b, n, c + 1)
+    src = weighted
+    if ids.shape[0] > 1:
+        src = src.expand(ids.shape[0], *weighted.shape)
     return zeros.index_add(0, (ids + rows).reshape(-1),
-                           src.reshape(-1, c + 1))
+                           src.reshape(-1, weighted.shape[-1]))
 
 
 def _normalise(sums: torch.Tensor, sizes: Sequence[int], b: int,
@@ -579,9 +555,9 @@ class DPCKNNClustering(nn.Module):
             if stacked is not None:
                 consts = layout.window_batch(b, todo, c)
                 totals = [layout.totals[s] for s in todo]
-                sums.append(_cluster_sums(xf, wf, stacked, totals,
+                sums.append(_cluster_sums(stacked, weighted,
                                           consts.merge_rows,
-                                          consts.merge_zeros, weighted))
+                                          consts.merge_zeros))
                 sizes += [b * m for m in totals]
             if len(todo) < len(ids):
                 sums.append(weighted.reshape(-1, c + 1))
