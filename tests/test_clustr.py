@@ -13,8 +13,11 @@ import clustr_mm  # noqa: F401  (registers the models)
 from clustr_mm.models.backbones.clustr import ClusTR
 from clustr_mm.models.layers import ConvFFN, token_clustering
 from clustr_mm.models.layers.cluster_attention import ClusterAttention
-from clustr_mm.models.layers.token_clustering import (DPCKNNClustering,
+from clustr_mm.models.layers.token_clustering import (ACCELERATOR_PLAN,
+                                                      CPU_PLAN,
+                                                      DPCKNNClustering,
                                                       WindowLayout,
+                                                      _k_smallest,
                                                       dpc_knn_assign,
                                                       merge_tokens)
 
@@ -57,11 +60,18 @@ def reference_dpc_knn(tokens, counts, k=5):
     return result
 
 
-def test_exact_mode_matches_reference():
+# Every clustering plan must give the reference's clusters (they differ
+# only in how the work is laid out: padding, block sizes, kNN search).
+PLANS = pytest.mark.parametrize('plan', [ACCELERATOR_PLAN, CPU_PLAN],
+                                ids=['accelerator-plan', 'cpu-plan'])
+
+
+@PLANS
+def test_exact_mode_matches_reference(plan):
     torch.manual_seed(0)
     h, w, sr = 7, 9, 2
     x = torch.randn(3, h * w, 8)
-    layout = WindowLayout((h, w), None, sr)
+    layout = WindowLayout((h, w), None, sr, plan=plan)
     assert layout.totals == [15, 60]
     # A tiny chunk budget exercises the row-chunked path as well.
     for budget in (1 << 20, 100):
@@ -72,16 +82,19 @@ def test_exact_mode_matches_reference():
                 assert ids[s][b].tolist() == ref[s]
 
 
+@PLANS
 @pytest.mark.parametrize('h,w', [(11, 13), (10, 13), (11, 15), (10, 15)])
-def test_window_mode_matches_reference_per_window(h, w):
+def test_window_mode_matches_reference_per_window(h, w, plan):
     """Border windows on either side or none: (10, 15) is tiled by six full
     windows, whose cluster ids must not overlap (they once did whenever a
     side held several full windows and no border window)."""
     torch.manual_seed(1)
     ws, sr = 5, 2
     x = torch.randn(2, h * w, 6)
-    layout = WindowLayout((h, w), ws, sr)
-    ids = dpc_knn_assign(x, layout, max_chunk_elems=64)
+    layout = WindowLayout((h, w), ws, sr, plan=plan)
+    # one window per call; the CPU plan also splits a window's rows
+    ids = dpc_knn_assign(x, layout, max_chunk_elems=64 if plan.pad_windows
+                         else 20)
     for b in range(2):
         grid = x[b].reshape(h, w, -1)
         expected = [torch.empty(h, w, dtype=torch.long) for _ in range(2)]
@@ -101,6 +114,26 @@ def test_window_mode_matches_reference_per_window(h, w):
         for s in range(2):
             assert torch.equal(ids[s][b], expected[s].flatten())
     assert layout.totals == offsets
+
+
+def test_plans_agree_on_long_rows():
+    """Rows long enough for the CPU plan's blocked kNN (2304 tokens, 36
+    blocks of 64) and its density-ordered row blocks: the same clusters as
+    the accelerator plan's plain topk over one kept block."""
+    torch.manual_seed(3)
+    x = torch.randn(2, 48 * 48, 16)
+    ids = [dpc_knn_assign(x, WindowLayout((48, 48), None, 4, plan=plan))
+           for plan in (ACCELERATOR_PLAN, CPU_PLAN)]
+    for a, b in zip(*ids):
+        assert torch.equal(a, b)
+
+
+def test_k_smallest_equals_topk():
+    torch.manual_seed(4)
+    d = torch.rand(3, 5, 64 * 40 + 17)
+    d[0, 0, 100:300] = float('inf')  # padding columns
+    expected = d.topk(5, dim=-1, largest=False).values
+    assert torch.equal(_k_smallest(d, 5), expected)
 
 
 def test_window_mode_equals_exact_when_one_window_covers_grid():

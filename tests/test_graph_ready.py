@@ -15,6 +15,8 @@ import clustr_mm  # noqa: F401
 from clustr_mm.analysis.flops import analyze_flops
 from clustr_mm.analysis.op_census import op_census
 from clustr_mm.models.backbones.clustr import ClusTR
+from clustr_mm.models.layers.token_clustering import (ACCELERATOR_PLAN,
+                                                      CPU_PLAN, planned_as)
 
 torch.set_num_threads(2)
 
@@ -27,10 +29,12 @@ ONE_BLOCK = dict(embed_dims=(16, 32, 64, 64), depths=(1, 1, 1, 1),
                  num_heads=(1, 2, 4, 4), mlp_ratios=(2, 2, 2, 2))
 
 
-def _census(cfg, hw, batch=2):
+def _census(cfg, hw, batch=2, plan=ACCELERATOR_PLAN):
+    """The census of the GPU path (the accelerator plan), on the CPU."""
     model = MODELS.build(cfg).eval()
     x = torch.randn(batch, 3, *hw)
-    return op_census(lambda: model(x))
+    with planned_as(plan):
+        return op_census(lambda: model(x))
 
 
 @pytest.mark.parametrize('mode', ['exact', 'window'])
@@ -54,6 +58,13 @@ def test_clustr_s_census_grows_little_with_the_image():
         assert counted['ops'] <= 1.3 * base, (hw, counted['ops'], base)
 
 
+def test_cpu_plan_has_no_sync_either():
+    counted = _census(dict(type='ClusTR', arch=NARROW_S,
+                           clustering_mode='window'), (512, 512),
+                      plan=CPU_PLAN)
+    assert counted['host_syncs'] == 0, counted['by_op']
+
+
 def test_paca_s_census_has_no_sync():
     counted = _census(dict(type='PaCaViT', arch='small'), (224, 224))
     assert counted['host_syncs'] == 0, counted['by_op']
@@ -70,24 +81,35 @@ def test_census_sees_a_host_sync():
 TORCH = tuple(int(v) for v in torch.__version__.split('+')[0].split('.')[:2])
 
 
+# Windows of 8, 4, 2 tokens on 20x24, 10x12, 5x6 grids: border windows,
+# padded into one call (accelerator plan) or one call per shape (CPU plan).
+CLUSTR_WINDOW = dict(type='ClusTR', arch=ONE_BLOCK, clustering_mode='window',
+                     window_size=8)
+CLUSTR_EXACT = dict(type='ClusTR', arch=ONE_BLOCK, clustering_mode='exact')
+# The CPU plan with blocks small enough that windows are split into
+# density-ordered row blocks here too.
+SPLIT_CPU_PLAN = CPU_PLAN._replace(max_chunk_elems=1 << 12)
+
+
 @pytest.mark.skipif(
     TORCH < (2, 4), reason='dynamo of torch 2.1.2 cannot trace the size-only '
     'layout set-up (torch.tensor of traced sizes); passes on 2.14.1, versions '
     'between are untested')
-@pytest.mark.parametrize('cfg,hw', [
-    (dict(type='ClusTR', arch=ONE_BLOCK, clustering_mode='exact'), (64, 64)),
-    # windows of 8, 4, 2 tokens on 20x24, 10x12, 5x6 grids: border windows
-    (dict(type='ClusTR', arch=ONE_BLOCK, clustering_mode='window',
-          window_size=8), (80, 96)),
-    (dict(type='PaCaViT', arch='tiny'), (64, 64)),
-], ids=['clustr-exact', 'clustr-window', 'paca'])
-def test_compile_fullgraph_equals_eager(cfg, hw):
+@pytest.mark.parametrize('cfg,hw,plan', [
+    (CLUSTR_EXACT, (64, 64), ACCELERATOR_PLAN),
+    (CLUSTR_EXACT, (64, 64), SPLIT_CPU_PLAN),
+    (CLUSTR_WINDOW, (80, 96), ACCELERATOR_PLAN),
+    (CLUSTR_WINDOW, (80, 96), SPLIT_CPU_PLAN),
+    (dict(type='PaCaViT', arch='tiny'), (64, 64), CPU_PLAN),
+], ids=['clustr-exact-accelerator-plan', 'clustr-exact-cpu-plan',
+        'clustr-window-accelerator-plan', 'clustr-window-cpu-plan', 'paca'])
+def test_compile_fullgraph_equals_eager(cfg, hw, plan):
     torch.manual_seed(0)
     model = MODELS.build(cfg).eval()
     x = torch.randn(2, 3, *hw)
     torch._dynamo.reset()  # no recompilation (with dynamic shapes) of an
     # earlier case's frames: each case compiles once, for its own sizes
-    with torch.no_grad():
+    with torch.no_grad(), planned_as(plan):
         eager = model(x)
         compiled = torch.compile(model, fullgraph=True, dynamic=False)(x)
     assert len(compiled) == len(eager)
@@ -96,16 +118,17 @@ def test_compile_fullgraph_equals_eager(cfg, hw):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize('mode', ['exact', 'window'])
-def test_jit_traced_flop_count_matches_ours(mode):
+@pytest.mark.parametrize('mode,hw', [('exact', (224, 224)),
+                                     ('window', (224, 256))])
+def test_jit_traced_flop_count_matches_ours(mode, hw):
     """mmengine's jit-trace counter (what the get_flops.py of mmdet,
     mmpretrain and mmpose call) traces the backbone and agrees with our
-    count. It does not count the clustering's comparisons and merge (0.1%
-    here); at sizes the windows do not divide it counts the padded distance
-    GEMMs that run, not the algorithm's (docs/flops.md), so 224 here."""
+    count, also where border windows exist (224x256: 56x64 tokens in 56-token
+    windows): a trace runs the unpadded, unsplit layout. It does not count
+    the clustering's comparisons and merge (under 1% here)."""
     model = MODELS.build(dict(type='ClusTR', arch='tiny',
                               clustering_mode=mode)).eval()
-    x = torch.rand(1, 3, 224, 224)
+    x = torch.rand(1, 3, *hw)
     ours = analyze_flops(model, x).total
     traced = get_model_complexity_info(
         model, inputs=(x, ), show_table=False, show_arch=False)['flops']

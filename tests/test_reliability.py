@@ -219,12 +219,28 @@ def test_bf16_paca_outputs_within_tolerance():
 # 5d. No NaN in the first iterations (the full 100 are run by hand, README).
 @pytest.mark.parametrize('config', [CLS_CONFIG,
                                     'configs/paca/paca-t_embedded-imagenet.py'])
-def test_nan_check_passes(config, tiny_data, tmp_path):
-    out = run_tool(['tools/analysis/nan_check.py', config, '--iters', '20',
-                    '--work-dir', str(tmp_path)], env=ONE_THREAD).stdout
+@pytest.mark.parametrize('amp', [None, 'bf16'])
+def test_nan_check_passes(config, amp, tiny_data, tmp_path):
+    """fp32 and bf16 autocast (on the CPU: autocast around the config's
+    optimizer wrapper's forward context): 20 finite iterations, and the
+    model's Linear layers ran in the precision asked for."""
+    cmd = ['tools/analysis/nan_check.py', config, '--iters', '20',
+           '--work-dir', str(tmp_path)]
+    out = run_tool(cmd + (['--amp', amp] if amp else []),
+                   env=ONE_THREAD).stdout
     line = [ln for ln in out.splitlines() if ln.startswith('[nan-check] {')]
     result = json.loads(line[-1].split(' ', 1)[1])
     assert result['ok'] and result['checked'] == 20, result
+    dtype = 'torch.bfloat16' if amp else 'torch.float32'
+    assert result['linear_dtype'] == dtype, result
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='CPU-only refusal')
+def test_nan_check_refuses_fp16_without_gpu(tmp_path):
+    proc = run_tool(['tools/analysis/nan_check.py', CLS_CONFIG, '--amp',
+                     'fp16', '--work-dir', str(tmp_path)], check=False)
+    assert proc.returncode != 0
+    assert '--amp fp16 needs a GPU' in proc.stdout
 
 
 def test_nan_check_names_the_failing_iteration(tiny_data, tmp_path):

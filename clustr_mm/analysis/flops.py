@@ -155,9 +155,9 @@ def dpc_knn_flops(reducer: nn.Module, batch: int, channels: int,
     if not todo:
         return out
     c, k = channels, reducer.k
-    # The algorithm's work, window by window. (On the device, window mode
-    # pads border windows to the full window shape and masks the padding,
-    # so it runs more than this on grids the windows do not divide.)
+    # The algorithm's work, window by window: what a jit trace runs
+    # (token_clustering.TRACE_PLAN). A GPU runs more where it pads border
+    # windows, a CPU where it recomputes distances to denser tokens.
     for i, n in enumerate(layout.tokens):
         counts = [layout.counts[s][i] for s in todo]
         if all(cnt == n for cnt in counts):

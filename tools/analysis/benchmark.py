@@ -41,7 +41,9 @@ is polluted by an earlier one. Peers come from the installed mmdet.
   relative to ``pvtv2-b2`` at the same size; otherwise latency in seconds.
 - ``--census``: no timing; ``clustr_mm.analysis.op_census`` of one eval
   forward after a warm-up one: the ops (about the kernel launches on a GPU),
-  the host syncs and the most frequent ops.
+  the host syncs and the most frequent ops. ClusTR's clustering runs its
+  accelerator plan (``ACCELERATOR_PLAN`` in ``token_clustering``) on every
+  device, so a CPU census counts the GPU's code path.
 
 The output starts with the device, torch version, batch, amp and command
 line; every row of the ``--out`` JSON carries them too. ``--max-size MODEL=S``
@@ -237,7 +239,10 @@ def measure(name, size, args):
 
     if args.census:
         from clustr_mm.analysis.op_census import op_census
-        result.update(op_census(forward, warmup=1))
+        from clustr_mm.models.layers.token_clustering import (
+            ACCELERATOR_PLAN, planned_as)
+        with planned_as(ACCELERATOR_PLAN):
+            result.update(op_census(forward, warmup=1))
         return result
 
     sync = synchronizer(args.device)
@@ -424,7 +429,7 @@ def parse_args(argv):
                         help='also time forward + backward + AdamW step')
     parser.add_argument('--census', action='store_true',
                         help='instead of timing: aten ops and host syncs of '
-                        'one eval forward')
+                        'one eval forward (the GPU code path on any device)')
     parser.add_argument('--flops', action='store_true',
                         help='count FLOPs (attention and clustering included)')
     parser.add_argument('--breakdown', action='store_true',

@@ -1,7 +1,7 @@
 """Train a config for N iterations and fail at the first non-finite number.
 
     python tools/analysis/nan_check.py CONFIG [--iters 100] [--work-dir DIR]
-        [--cfg-options k=v ...]
+        [--amp bf16|fp16] [--cfg-options k=v ...]
 
 The run uses the config's own model, data pipeline, optimizer wrapper and
 schedulers (see ``clustr_mm/engine/short_run.py``; epoch-based configs get
@@ -19,7 +19,16 @@ exits 0 when all iterations were finite, 1 otherwise.
 Gradients are not checked under ``AmpOptimWrapper`` (fp16 loss scaling makes
 infinite scaled gradients a normal, skipped step); losses and weights still
 are.
+
+``--amp`` trains under autocast: on a GPU through MMEngine's
+``AmpOptimWrapper`` (``dtype`` bfloat16 or float16, dynamic loss scaling),
+as a config would; on the CPU (bf16 only: ``AmpOptimWrapper`` refuses a
+machine without an accelerator) by running the config's optimizer wrapper's
+forward context under ``torch.autocast('cpu', torch.bfloat16)``. The summary
+gives the dtype the first ``nn.Linear`` produced during training
+(``linear_dtype``), which shows the autocast was in force.
 """
+import contextlib
 import argparse
 import json
 import os.path as osp
@@ -54,13 +63,19 @@ def _bad(named, limit=5):
 
 
 class FiniteCheckHook(Hook):
-    """Check loss, gradients and weights of every training iteration."""
+    """Check loss, gradients and weights of every training iteration.
+
+    ``cpu_autocast``: run each wrapper's forward context under CPU bf16
+    autocast (``--amp bf16`` without a GPU).
+    """
 
     priority = 'VERY_HIGH'
 
-    def __init__(self):
+    def __init__(self, cpu_autocast: bool = False):
         self.checked = 0
         self.last_loss = None
+        self.cpu_autocast = cpu_autocast
+        self.linear_dtype = None
 
     def before_train(self, runner) -> None:
         self.runner = runner
@@ -71,6 +86,16 @@ class FiniteCheckHook(Hook):
                     if isinstance(wrapper, OptimWrapperDict) else [wrapper])
         for w in wrappers:
             self._wrap(w)
+            if self.cpu_autocast:
+                w.optim_context = _under_cpu_bf16(w.optim_context)
+        linear = next((m for m in model.modules()
+                       if isinstance(m, torch.nn.Linear)), None)
+        if linear is not None:
+            linear.register_forward_hook(self._record_dtype)
+
+    def _record_dtype(self, module, args, out) -> None:
+        if module.training and self.linear_dtype is None:
+            self.linear_dtype = str(out.dtype)
 
     def _iteration(self) -> int:
         return self.runner.iter + 1
@@ -117,15 +142,46 @@ class FiniteCheckHook(Hook):
         self.checked = runner.iter + 1
 
 
+def _under_cpu_bf16(optim_context):
+    """``optim_context`` with CPU bf16 autocast around it."""
+    @contextlib.contextmanager
+    def context(model):
+        with optim_context(model), torch.autocast('cpu', torch.bfloat16):
+            yield
+    return context
+
+
+def use_amp(cfg, amp: str) -> bool:
+    """Switch ``cfg`` to mixed precision; True when the CPU autocast of
+    :class:`FiniteCheckHook` must do it (no GPU)."""
+    if torch.cuda.is_available():
+        wrapper = cfg.optim_wrapper
+        if wrapper.get('type', 'OptimWrapper') not in ('OptimWrapper',
+                                                       'AmpOptimWrapper'):
+            raise SystemExit(f"--amp: the config's optim_wrapper is a "
+                             f'{wrapper.type}; only OptimWrapper configs '
+                             'can be switched to AmpOptimWrapper')
+        wrapper.type = 'AmpOptimWrapper'
+        wrapper.dtype = 'bfloat16' if amp == 'bf16' else 'float16'
+        return False
+    if amp == 'fp16':
+        raise SystemExit('--amp fp16 needs a GPU (MMEngine\'s AmpOptimWrapper '
+                         'with loss scaling); on the CPU use --amp bf16')
+    return True
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(parser)
     parser.add_argument('--iters', type=int, default=100,
                         help='training iterations to check (default 100)')
+    parser.add_argument('--amp', choices=('bf16', 'fp16'),
+                        help='train under autocast (fp16: GPU only)')
     args = parser.parse_args(argv)
     cfg = load_config(args)
-    hook = FiniteCheckHook()
-    summary = dict(config=args.config, iters=args.iters)
+    hook = FiniteCheckHook(
+        cpu_autocast=bool(args.amp) and use_amp(cfg, args.amp))
+    summary = dict(config=args.config, iters=args.iters, amp=args.amp)
     start = time.time()
     try:
         run_short(cfg, args.iters, [hook], work_dir=args.work_dir)
@@ -146,6 +202,7 @@ def main(argv=None):
             summary.update(error=f'iteration {iteration}: {err}',
                            iteration=iteration)
     summary.update(ok=ok, checked=hook.checked, last_loss=hook.last_loss,
+                   linear_dtype=hook.linear_dtype,
                    seconds=round(time.time() - start, 1))
     print('[nan-check] ' + json.dumps(summary), flush=True)
     if not ok:

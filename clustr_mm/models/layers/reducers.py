@@ -47,7 +47,7 @@ from ...registry import register_model
 from .attention import split_heads
 from .patch_embed import tokens_to_map
 from .token_clustering import (DPCKNNClustering, WindowLayout, _cols_aug,
-                               _rows_aug, DEFAULT_CHUNK_ELEMS)
+                               _rows_aug, plan_for)
 
 Grid = Tuple[int, int]
 
@@ -468,7 +468,7 @@ class CentroidAttention(TokenReducer):
         k = min(self.knn, n)
         with torch.autocast(x.device.type, enabled=False):
             rows, cols = _rows_aug(u.float()), _cols_aug(x.float())
-            step = max(1, DEFAULT_CHUNK_ELEMS // (b * n))
+            step = max(1, plan_for(x.device).max_chunk_elems // (b * n))
             return torch.cat([
                 torch.bmm(rows[:, r:r + step], cols).topk(
                     k, dim=-1, largest=False).indices

@@ -6,30 +6,33 @@ random noise (deterministic), it always runs in fp32 without gradient, and the
 N x N distance matrix is held in blocks of at most ``max_chunk_elems``
 elements.
 
-It is written for GPUs: every shape in the forward pass follows from the
-input size alone, so there is no host synchronisation, the work is the same
-fixed sequence of kernels whatever the data, and ``torch.compile`` /
-CUDA graphs / ``torch.jit.trace`` can capture it.
+Every shape in the forward pass follows from the input size alone, so there
+is no host synchronisation, the work is the same fixed sequence of kernels
+whatever the data, and ``torch.compile`` / CUDA graphs / ``torch.jit.trace``
+can capture it.
 
 * The distance to the nearest denser token is a masked minimum over the
   distance block of every token at once (no data-dependent fallback list).
+  When the block is too big to keep, tokens are taken in density order, so a
+  row block needs only the columns before it (half the distance work).
 * Clustering runs inside *windows* of the stage's token grid. Exact mode
   (``window_size=None``) is one window = the whole grid, i.e. the official
   per-image DPC-kNN; cost is quadratic in the tokens. Window mode
   (``window_size=s``) tiles the grid with ``min(s, H) x min(s, W)`` windows
   from the top-left, so a grid that fits one window is clustered exactly as
-  in exact mode. Windows cut by the border are zero-padded to the full shape;
-  a padded position is infinitely far from everything (+inf distances
+  in exact mode. Windows of one shape are clustered in one batched call;
+  they are split into several calls only when the distance block would
+  exceed ``max_chunk_elems``, and rows of one window only when a single
+  window exceeds it. Cluster tokens of all windows are concatenated
+  (row-major over windows), so keys/values stay global.
+* Windows cut by the border are handled per device (:class:`ClusteringPlan`).
+  On accelerators they are zero-padded to the full shape and join the one
+  call: a padded position is infinitely far from everything (+inf distances
   straight out of the GEMM) and less dense than any token, so it is never a
   neighbour, a denser token, a center or a member, nor in the largest
-  distance: each window is clustered exactly as if it stood alone. (The
-  padding costs distance work, e.g. 2x in stage 1 at 224 x 256; it buys one
-  call instead of up to four.) All windows of all images go
-  through one batched call; they are split into several calls only when the
-  distance block would exceed ``max_chunk_elems``, and rows of one window are
-  split only when a single window exceeds it (exact mode at high resolution).
-  Cluster tokens of all windows are concatenated (row-major over windows), so
-  keys/values stay global.
+  distance (the padding costs distance work, e.g. 2x in stage 1 at 512 x 512,
+  and buys one call instead of up to four). On the CPU each window shape
+  gets its own unpadded call. Both give the same clusters.
 * Everything that depends only on the grid size (window masks, cluster counts
   and id offsets per window, the token order) is built once per size by
   :class:`WindowLayout` and kept on the device.
@@ -40,6 +43,7 @@ clusters for the coarse scale and ``min(4 * m, n)`` for the fine one
 counts of its stage (49 and 196 with 56 x 56 tokens at stride 4); a border
 window of e.g. 56 x 16 tokens at stride 4 gets 14 and 56.
 """
+import contextlib
 import math
 import threading
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -111,27 +115,74 @@ def _cols_aug(x: torch.Tensor) -> torch.Tensor:
     return _augment(x)[1]
 
 
-class WindowBatch(NamedTuple):
-    """Constants of a layout for one batch size, built once (no per-call ops).
+class ClusteringPlan(NamedTuple):
+    """How the clustering is laid out on one kind of device.
 
-    Leading dim G = B x windows: ``invalid`` (G, n) marks padding;
-    ``knn_scale`` (G, 1) rescales the kNN mean of windows with fewer than k
-    tokens; ``ones`` (G, n, 1). ``center_valid`` (S, G, K) marks which of the
-    K center slots are centers of each scale. ``positions`` is ``arange(n)``;
-    ``offsets`` (S, 1, nWin, 1) the id of each window's first cluster;
-    ``merge_rows`` (S, B, 1) and ``merge_zeros`` (rows, C + 1) serve
-    :func:`_cluster_sums`; ``inf`` is a 0-dim +inf. Optional entries are None
-    where not needed.
+    Every plan computes the same clusters (tested); plans differ only in
+    speed and memory. ``max_chunk_elems`` bounds one distance block;
+    ``pad_windows`` pads border windows into one batched call (fewer
+    launches) instead of clustering each window shape unpadded in its own
+    call (less work); ``blocked_knn`` finds the k nearest among the blocks
+    of 64 columns with the smallest minima (fewer comparisons, more ops).
+    """
+    max_chunk_elems: int
+    pad_windows: bool
+    blocked_knn: bool
+
+
+# Accelerators: launches and host round trips are what cost, so one block of
+# up to 1 GiB fp32 and one padded call per stage (batch 2 at 800 x 1344:
+# stage 1 in two blocks). CPUs: work and cache misses are what cost, so
+# 4 MB blocks that stay in cache, no padded work and the blocked kNN
+# (measured on 2 cores: 2-4x faster clustering than the accelerator plan).
+ACCELERATOR_PLAN = ClusteringPlan(1 << 28, True, False)
+CPU_PLAN = ClusteringPlan(1 << 20, False, True)
+# Under torch.jit.trace (FLOP counters, export): no padding, no split blocks,
+# plain topk, so the traced GEMMs are exactly the algorithm's.
+TRACE_PLAN = ClusteringPlan(1 << 28, False, False)
+_override: List[ClusteringPlan] = []
+
+
+def plan_for(device: Optional[torch.device]) -> ClusteringPlan:
+    """The plan of ``device`` (None: the CPU), unless :func:`planned_as`
+    is in force or a ``torch.jit.trace`` runs."""
+    if _override:
+        return _override[-1]
+    if torch.jit.is_tracing():
+        return TRACE_PLAN
+    return CPU_PLAN if device is None or device.type == 'cpu' \
+        else ACCELERATOR_PLAN
+
+
+@contextlib.contextmanager
+def planned_as(plan: ClusteringPlan):
+    """Run the clustering with ``plan`` on any device; e.g. the op census
+    counts the accelerator plan on a CPU-only machine."""
+    _override.append(plan)
+    try:
+        yield plan
+    finally:
+        _override.pop()
+
+
+class WindowBatch(NamedTuple):
+    """Constants of one window group for one batch size, built once.
+
+    Leading dim G = B x windows of the group: ``invalid`` (G, n) marks
+    padding; ``knn_scale`` (G, 1) rescales the kNN mean of windows with fewer
+    than k tokens; ``ones`` (G, n, 1). ``center_valid`` (S, G, K) marks which
+    of the K center slots are centers of each scale. ``positions`` is
+    ``arange(n)``; ``offsets`` (S, 1, windows, 1) the id of each window's
+    first cluster; ``inf`` is a 0-dim +inf. Optional entries are None where
+    not needed.
     """
     invalid: Optional[torch.Tensor]
     knn_scale: Optional[torch.Tensor]
     ones: torch.Tensor
     center_valid: Optional[torch.Tensor]
     positions: torch.Tensor
-    offsets: Optional[torch.Tensor] = None
-    merge_rows: Optional[torch.Tensor] = None
-    merge_zeros: Optional[torch.Tensor] = None
-    inf: Optional[torch.Tensor] = None
+    offsets: torch.Tensor
+    inf: torch.Tensor
 
     def windows(self, sl: slice) -> 'WindowBatch':
         """The constants of windows ``sl`` (for one block of them)."""
@@ -146,9 +197,40 @@ class WindowBatch(NamedTuple):
                            *self[4:])
 
 
+class LayoutBatch(NamedTuple):
+    """A layout's constants for one batch size: one :class:`WindowBatch`
+    per window group, and ``merge_rows`` (S, B, 1) and ``merge_zeros``
+    (rows, C + 1) for :func:`_cluster_sums`."""
+    groups: Tuple[WindowBatch, ...]
+    merge_rows: torch.Tensor
+    merge_zeros: torch.Tensor
+
+
+def _k_smallest(d: torch.Tensor, k: int, block: int = 64) -> torch.Tensor:
+    """``d.topk(k, largest=False).values`` along the last dim, with fewer
+    comparisons on long rows.
+
+    Exact: every entry outside the k blocks with the smallest minima is >= k
+    entries inside them (each block's minimum), so those blocks plus the
+    ragged tail hold a k-smallest set. Only ``k * block`` candidates per row
+    reach topk. Fixed shapes: no host sync.
+    """
+    m = d.shape[-1]
+    nb = m // block
+    if nb < 32 or nb <= 2 * k:  # plain topk is faster on short rows
+        return d.topk(k, dim=-1, largest=False).values
+    main = d[..., :nb * block].unflatten(-1, (nb, block))
+    blk = main.amin(-1).topk(k, dim=-1, largest=False).indices
+    cand = main.gather(-2, blk[..., None].expand(*blk.shape, block))
+    cand = cand.flatten(-2)
+    if nb * block < m:
+        cand = torch.cat([cand, d[..., nb * block:]], -1)
+    return cand.topk(k, dim=-1, largest=False).values
+
+
 def _dpc_knn_windows(x: torch.Tensor, counts: Sequence[int], k: int,
-                     max_chunk_elems: int, consts: WindowBatch
-                     ) -> torch.Tensor:
+                     max_chunk_elems: int, blocked_knn: bool,
+                     consts: WindowBatch) -> torch.Tensor:
     """DPC-kNN in each of G windows of n (possibly padded) tokens.
 
     Args:
@@ -157,6 +239,7 @@ def _dpc_knn_windows(x: torch.Tensor, counts: Sequence[int], k: int,
             the first ``counts[s]`` centers, so the scales are nested.
         k: Neighbours for the density (the token itself included).
         max_chunk_elems: Bound on the elements of one distance block.
+        blocked_knn: Find the k nearest with :func:`_k_smallest`.
         consts: Masks of this slice of windows (:class:`WindowBatch`).
 
     Returns:
@@ -168,19 +251,20 @@ def _dpc_knn_windows(x: torch.Tensor, counts: Sequence[int], k: int,
     inf = float('inf')
     invalid = consts.invalid
     rows, cols = _augment(x, consts.ones, invalid)
-    # Rows of one block; < n only when a single window exceeds the budget.
+    # Rows of one block; < n when the windows' whole blocks exceed the budget.
     step = n if g * n * n <= max_chunk_elems else max(
         1, max_chunk_elems // (g * n))
 
-    def block(r0):
-        return _distance_chunk(rows[:, r0:r0 + step], cols)
+    def knn(d):
+        return (_k_smallest(d, k_eff) if blocked_knn else
+                d.topk(k_eff, dim=-1, largest=False).values)
 
     # Pass 1: the k nearest (self included) per token, the largest distance.
     row_max, knn_d, whole = [], [], None
     for r0 in range(0, n, step):
-        d = block(r0)
+        d = _distance_chunk(rows[:, r0:r0 + step], cols)
         d.diagonal(offset=r0, dim1=1, dim2=2).zero_()
-        knn_d.append(d.topk(k_eff, dim=-1, largest=False).values)
+        knn_d.append(knn(d))
         if invalid is not None:  # distances to/from padding leave the max
             d = d.nan_to_num_(posinf=0.0)
         row_max.append(d.amax((1, 2))[:, None] if step >= n else d.amax(-1))
@@ -196,20 +280,17 @@ def _dpc_knn_windows(x: torch.Tensor, counts: Sequence[int], k: int,
     if invalid is not None:
         rho = rho.masked_fill_(invalid, -1.0)  # padding: least dense
 
-    # Density rank, ties to the lower index; "denser" means lower rank.
+    # Density order, ties to the lower index; "denser" = earlier in order.
     order = torch.sort(rho, dim=1, descending=True, stable=True).indices
-    rank = order.argsort(dim=1)
 
     # Pass 2: distance to the nearest denser token, for every token (padding
-    # is never denser than a real token, so the rank mask removes it too).
-    if whole is not None:
+    # is never denser than a real token).
+    if whole is not None:  # the block is still there: mask by rank
+        rank = order.argsort(dim=1)
         delta2 = whole.masked_fill_(rank[:, None, :] >= rank[:, :, None],
                                     inf).amin(-1)
     else:
-        delta2 = torch.cat([
-            block(r0).masked_fill_(
-                rank[:, None, :] >= rank[:, r0:r0 + step, None],
-                inf).amin(-1) for r0 in range(0, n, step)], 1)
+        delta2 = _nearest_denser(rows, cols, order, step, consts.positions)
     # The densest token (no denser one: inf) gets the largest distance in
     # the window; every other delta2 is one of the distances, so <= dmax2.
     delta2 = torch.minimum(delta2, dmax2[:, None])
@@ -227,12 +308,36 @@ def _dpc_knn_windows(x: torch.Tensor, counts: Sequence[int], k: int,
         dist = torch.bmm(rows, center_cols)
         return _nearest_center(dist.scatter_(1, centers[:, None, :], -inf),
                                counts, consts)
-    # One window above the budget: row blocks, each finished before the next.
+    # Row blocks, each finished before the next.
     return torch.cat([
         _nearest_center(
             torch.bmm(rows[:, r0:r0 + step], center_cols).masked_fill_(
                 centers[:, None, :] == consts.positions[r0:r0 + step, None],
                 -inf), counts, consts) for r0 in range(0, n, step)], 2)
+
+
+def _nearest_denser(rows: torch.Tensor, cols: torch.Tensor,
+                    order: torch.Tensor, step: int,
+                    positions: torch.Tensor) -> torch.Tensor:
+    """(G, n) squared distance of every token to its nearest denser one
+    (+inf for the densest), from row blocks of ``step`` tokens.
+
+    The tokens are taken in density order, so the denser tokens of the i-th
+    are the first i: block [r0, r1) needs only columns [0, r1) (half the
+    distance work of all pairs), and only its diagonal square is masked.
+    """
+    c2 = rows.shape[2]
+    rows_o = rows.gather(1, order[..., None].expand(-1, -1, c2))
+    cols_o = cols.gather(2, order[:, None, :].expand(-1, c2, -1))
+    later = positions[:step] >= positions[:step, None]  # not denser
+    parts = []
+    for r0 in range(0, rows.shape[1], step):
+        d = _distance_chunk(rows_o[:, r0:r0 + step], cols_o[..., :r0 + step])
+        r = d.shape[1]
+        d[..., r0:].masked_fill_(later[:r, :r], float('inf'))
+        parts.append(d.amin(-1))
+    by_order = _cat(parts)  # back from density order to token order
+    return torch.empty_like(by_order).scatter_(1, order, by_order)
 
 
 def _nearest_center(dist: torch.Tensor, counts: Sequence[int],
@@ -248,11 +353,40 @@ def _nearest_center(dist: torch.Tensor, counts: Sequence[int],
                        consts.inf).argmin(-1)
 
 
+class WindowGroup(NamedTuple):
+    """Windows of one shape, clustered together in one batched call.
+
+    ``rows``/``cols``: the [start, stop) of the token grid it covers;
+    ``window``: (h, w) of each window, padding included; ``grid``: windows
+    per column and row; ``pad``: rows and columns of zero padding added at
+    the bottom and right; ``index``: the layout's (row-major) numbers of its
+    windows; ``counts``: per scale, the most clusters any of them gets.
+    """
+    rows: Tuple[int, int]
+    cols: Tuple[int, int]
+    window: Tuple[int, int]
+    grid: Tuple[int, int]
+    pad: Tuple[int, int]
+    index: List[int]
+    counts: List[int]
+
+
+def _bands(length: int, size: int) -> List[Tuple[int, int, int, int]]:
+    """(start, stop, window size, first window) of the full windows along an
+    axis, then of the border window if ``size`` does not divide it."""
+    full = length // size
+    bands = [(0, full * size, size, 0)]
+    if full * size < length:
+        bands.append((full * size, length, length - full * size, full))
+    return bands
+
+
 class WindowLayout:
     """How a stage's token grid is tiled by clustering windows.
 
-    Built once per grid size (by :class:`DPCKNNClustering`); everything a
-    forward pass needs besides the tokens is precomputed here, on ``device``.
+    Built once per grid size and plan (by :class:`DPCKNNClustering`);
+    everything a forward pass needs besides the tokens is precomputed here,
+    on ``device``.
 
     Args:
         hw: (H, W) of the token grid.
@@ -262,6 +396,7 @@ class WindowLayout:
         device: Device of the precomputed tensors.
         k: Neighbours of the kNN density (windows with fewer tokens get a
             rescaled mean).
+        plan: :class:`ClusteringPlan`; None: :func:`plan_for` ``device``.
 
     Attributes:
         window: (h, w) of a full window; grid: windows per (column, row).
@@ -270,17 +405,21 @@ class WindowLayout:
         totals: Number of clusters per scale.
         identity: Per scale, whether every token is its own cluster.
         offsets: (S, nWin) id of each window's first cluster, per scale.
+        groups: The :class:`WindowGroup` calls: one (border windows padded)
+            or, without ``plan.pad_windows``, one per window shape (up to 4).
     """
 
     def __init__(self, hw: Tuple[int, int], window_size: Optional[int],
                  sr_ratio: int, scale_factors: Sequence[int] = (1, 4),
-                 device: Optional[torch.device] = None, k: int = 5):
+                 device: Optional[torch.device] = None, k: int = 5,
+                 plan: Optional[ClusteringPlan] = None):
         # int(): under torch.jit.trace sizes arrive as 0-dim tensors.
         self.hw = (h, w) = (int(hw[0]), int(hw[1]))
         size = window_size or max(h, w)
         self.window = (wh, ww) = (min(size, h), min(size, w))
         self.grid = (gh, gw) = (-(-h // wh), -(-w // ww))
         self.device, self.k = device, k
+        self.plan = plan or plan_for(device)
         self.tokens = [min(wh, h - i * wh) * min(ww, w - j * ww)
                        for i in range(gh) for j in range(gw)]
         self.counts = []
@@ -289,66 +428,87 @@ class WindowLayout:
                                 for n in self.tokens])
         self.totals = [sum(c) for c in self.counts]
         self.identity = [c == self.tokens for c in self.counts]
-        self.padded = gh * wh != h or gw * ww != w
         offsets = [[sum(c[:i]) for i in range(len(c))] for c in self.counts]
         self.offsets = torch.tensor(offsets, dtype=torch.long, device=device)
+        if self.plan.pad_windows:
+            bands = ([(0, h, wh, 0)], [(0, w, ww, 0)])
+        else:
+            bands = (_bands(h, wh), _bands(w, ww))
+        self.groups = []
+        for r0, r1, sh, i0 in bands[0]:
+            for c0, c1, sw, j0 in bands[1]:
+                grid = (-(-(r1 - r0) // sh), -(-(c1 - c0) // sw))
+                index = [(i0 + i) * gw + j0 + j for i in range(grid[0])
+                         for j in range(grid[1])]
+                self.groups.append(WindowGroup(
+                    (r0, r1), (c0, c1), (sh, sw), grid,
+                    (grid[0] * sh - (r1 - r0), grid[1] * sw - (c1 - c0)),
+                    index, [max(c[i] for i in index) for c in self.counts]))
         # Token t of the grid sits at flat position token_pos[t] of the
-        # (windows x window tokens) layout; None when that is the identity.
-        rows = torch.arange(h, device=device)
-        cols = torch.arange(w, device=device)
-        win = (rows // wh)[:, None] * gw + (cols // ww)[None]
-        pos = (rows % wh)[:, None] * ww + (cols % ww)[None]
-        self.token_pos = (None if gh * gw == 1 else
-                          (win * (wh * ww) + pos).flatten())
+        # groups' outputs (each (windows x window tokens), concatenated);
+        # None when that is the identity.
+        slot = torch.empty(h, w, dtype=torch.long, device=device)
+        base = 0
+        for grp in self.groups:
+            (r0, r1), (c0, c1), (sh, sw) = grp.rows, grp.cols, grp.window
+            r = torch.arange(r1 - r0, device=device)[:, None]
+            c = torch.arange(c1 - c0, device=device)[None]
+            slot[r0:r1, c0:c1] = base + ((r // sh) * grp.grid[1] + c // sw) * (
+                sh * sw) + (r % sh) * sw + c % sw
+            base += len(grp.index) * sh * sw
+        self.token_pos = None if gh * gw == 1 else slot.flatten()
         self.token_ids = torch.arange(h * w, device=device)
-        self._batches: Dict[Tuple[int, Tuple[int, ...]], WindowBatch] = {}
+        self._batches: Dict[Tuple[int, Tuple[int, ...], int], LayoutBatch] = {}
 
     def window_batch(self, batch: int, todo: Sequence[int],
-                     channels: int) -> WindowBatch:
+                     channels: int) -> LayoutBatch:
         """Constants for ``batch`` images of ``channels``, scales ``todo``."""
         key = (batch, tuple(todo), channels)
         if key in self._batches:
             return self._batches[key]
-        (h, w), (wh, ww), (gh, gw) = self.hw, self.window, self.grid
-        dev, n = self.device, wh * ww
-        positions = torch.arange(n, device=dev)
-        invalid = knn_scale = center_valid = None
-        if self.padded:
-            r = torch.arange(gh, device=dev)[:, None] * wh + torch.arange(
-                wh, device=dev)
-            c = torch.arange(gw, device=dev)[:, None] * ww + torch.arange(
-                ww, device=dev)
-            invalid = ~((r < h)[:, None, :, None] & (c < w)[None, :, None, :])
-            invalid = invalid.reshape(gh * gw, n).repeat(batch, 1)
-            k_eff = min(self.k, n)
-            if min(self.tokens) < k_eff:
-                knn_scale = torch.tensor(
-                    [k_eff / min(k_eff, t) for t in self.tokens],
-                    device=dev).repeat(batch)[:, None]
-        counts = [self.counts[s] for s in todo]
-        if len(counts) > 1 or len(set(counts[0])) > 1:
-            num = max(max(c) for c in counts)
-            cnt = torch.tensor(counts, device=dev)  # (S, nWin)
-            center_valid = (positions[:num] < cnt[..., None]).repeat(
-                1, batch, 1)
-        offsets = self.offsets[list(todo)][:, None, :, None]
+        dev = self.device
+        inf = torch.tensor(float('inf'), device=dev)
+        groups = tuple(self._group_batch(grp, batch, todo, inf)
+                       for grp in self.groups)
         totals = [self.totals[s] for s in todo]
-        consts = WindowBatch(
-            invalid, knn_scale,
-            torch.ones(batch * gh * gw, n, 1, device=dev), center_valid,
-            positions, offsets, merge_rows(batch, totals, dev),
-            torch.zeros(batch * sum(totals), channels + 1, device=dev),
-            torch.tensor(float('inf'), device=dev))
+        consts = LayoutBatch(
+            groups, merge_rows(batch, totals, dev),
+            torch.zeros(batch * sum(totals), channels + 1, device=dev))
         if not is_tracing():
             self._batches[key] = consts
         return consts
 
-
-# Largest distance block, in elements (1 GiB fp32), on every device. Blocks
-# are split only above it (see the module docstring), so the kernel count
-# does not grow with the batch or image until memory forces it (batch 2 at
-# 800 x 1344: stage 1 in two blocks).
-DEFAULT_CHUNK_ELEMS = 1 << 28
+    def _group_batch(self, grp: WindowGroup, batch: int, todo: Sequence[int],
+                     inf: torch.Tensor) -> WindowBatch:
+        (h, w), (sh, sw), (gh, gw) = self.hw, grp.window, grp.grid
+        (r0, r1), (c0, c1) = grp.rows, grp.cols
+        dev, n = self.device, sh * sw
+        positions = torch.arange(n, device=dev)
+        invalid = knn_scale = center_valid = None
+        if any(grp.pad):
+            r = torch.arange(gh, device=dev)[:, None] * sh + torch.arange(
+                sh, device=dev)
+            c = torch.arange(gw, device=dev)[:, None] * sw + torch.arange(
+                sw, device=dev)
+            invalid = ~((r < r1 - r0)[:, None, :, None] &
+                        (c < c1 - c0)[None, :, None, :])
+            invalid = invalid.reshape(gh * gw, n).repeat(batch, 1)
+            tokens = [self.tokens[i] for i in grp.index]
+            k_eff = min(self.k, n)
+            if min(tokens) < k_eff:
+                knn_scale = torch.tensor(
+                    [k_eff / min(k_eff, t) for t in tokens],
+                    device=dev).repeat(batch)[:, None]
+        counts = [[self.counts[s][i] for i in grp.index] for s in todo]
+        if len(counts) > 1 or len(set(counts[0])) > 1:
+            num = max(max(c) for c in counts)
+            cnt = torch.tensor(counts, device=dev)  # (S, windows)
+            center_valid = (positions[:num] < cnt[..., None]).repeat(
+                1, batch, 1)
+        offsets = self.offsets[list(todo)][:, grp.index][:, None, :, None]
+        return WindowBatch(invalid, knn_scale,
+                           torch.ones(batch * gh * gw, n, 1, device=dev),
+                           center_valid, positions, offsets, inf)
 
 
 @torch.no_grad()
@@ -356,32 +516,38 @@ def _assign_stacked(x: torch.Tensor, layout: WindowLayout, k: int,
                     max_chunk_elems: Optional[int]) -> torch.Tensor:
     """(S', B, N) ids of the non-identity scales (see :func:`dpc_knn_assign`)."""
     b, n_tok, c = x.shape
-    (h, w), (wh, ww), (gh, gw) = layout.hw, layout.window, layout.grid
-    device = x.device
-    max_chunk_elems = max_chunk_elems or DEFAULT_CHUNK_ELEMS
+    h, w = layout.hw
+    budget = max_chunk_elems or layout.plan.max_chunk_elems
     todo = [s for s, ident in enumerate(layout.identity) if not ident]
     consts = layout.window_batch(b, todo, c)
-    counts = [max(layout.counts[s]) for s in todo]
-    n = wh * ww
-    with torch.autocast(device.type, enabled=False):
+    with torch.autocast(x.device.type, enabled=False):
         grid = x.float().reshape(b, h, w, c)
-        if layout.padded:
-            grid = F.pad(grid, (0, 0, 0, gw * ww - w, 0, gh * wh - h))
-        win = grid.reshape(b, gh, wh, gw, ww, c).transpose(2, 3).reshape(
-            -1, n, c)
-        # Whole windows per call, as many as fit the block budget.
-        per_call = max(1, max_chunk_elems // (n * n))
-        parts = []
-        for g0 in range(0, win.shape[0], per_call):
-            sl = (slice(0, None) if per_call >= win.shape[0] else
-                  slice(g0, g0 + per_call))
-            parts.append(_dpc_knn_windows(win[sl], counts, k,
-                                          max_chunk_elems, consts.windows(sl)))
-        local = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
-        if gh * gw == 1:
-            return local.view(len(todo), b, n_tok)
-        local = (local.view(len(todo), b, gh * gw, n) + consts.offsets)
-        return local.flatten(2).index_select(2, layout.token_pos)
+        outs = []
+        for grp, group_consts in zip(layout.groups, consts.groups):
+            (r0, r1), (c0, c1) = grp.rows, grp.cols
+            (sh, sw), (gh, gw), (ph, pw) = grp.window, grp.grid, grp.pad
+            part = grid[:, r0:r1, c0:c1]
+            if ph or pw:
+                part = F.pad(part, (0, 0, 0, pw, 0, ph))
+            n = sh * sw
+            win = part.reshape(b, gh, sh, gw, sw, c).transpose(2, 3).reshape(
+                -1, n, c)
+            counts = [grp.counts[s] for s in todo]
+            # Whole windows per call, as many as fit the block budget.
+            per_call = max(1, budget // (n * n))
+            parts = []
+            for g0 in range(0, win.shape[0], per_call):
+                sl = (slice(0, None) if per_call >= win.shape[0] else
+                      slice(g0, g0 + per_call))
+                parts.append(_dpc_knn_windows(
+                    win[sl], counts, k, budget, layout.plan.blocked_knn,
+                    group_consts.windows(sl)))
+            local = _cat(parts, 1)
+            if layout.token_pos is None:
+                return local.view(len(todo), b, n_tok)
+            outs.append((local.view(len(todo), b, gh * gw, n) +
+                         group_consts.offsets).flatten(2))
+        return _cat(outs, 2).index_select(2, layout.token_pos)
 
 
 def dpc_knn_assign(x: torch.Tensor, layout: WindowLayout, k: int = 5,
@@ -394,7 +560,7 @@ def dpc_knn_assign(x: torch.Tensor, layout: WindowLayout, k: int = 5,
         layout: Windows and cluster counts (:class:`WindowLayout`).
         k: Neighbours of the kNN density (the token itself included).
         max_chunk_elems: Bound on the elements of one distance block; None
-            is :data:`DEFAULT_CHUNK_ELEMS`.
+            is the layout's plan's.
 
     Returns:
         Per scale, (B, N) long ids in ``[0, layout.totals[s])``, numbered
@@ -490,8 +656,8 @@ class DPCKNNClustering(nn.Module):
         window_size (int, optional): Clustering window side in tokens; None is
             exact mode (one window per image). Default None.
         max_chunk_elems (int, optional): Largest distance chunk, in elements;
-            bounds the clustering's memory. Default None:
-            :data:`DEFAULT_CHUNK_ELEMS`.
+            bounds the clustering's memory. Default None: the device's
+            :class:`ClusteringPlan` (2**20 on the CPU, 2**28 elsewhere).
     """
 
     def __init__(self, sr_ratio: int, scale_factors: Sequence[int] = (1, 4),
@@ -511,18 +677,19 @@ class DPCKNNClustering(nn.Module):
 
     def layout(self, hw: Tuple[int, int],
                device: torch.device) -> WindowLayout:
-        """The :class:`WindowLayout` of an ``hw`` grid, built once per size
-        (rebuilt, not cached, while tracing or compiling)."""
-        grid = (int(hw[0]), int(hw[1]))
+        """The :class:`WindowLayout` of an ``hw`` grid under the device's
+        plan, built once per size (rebuilt, not cached, while tracing or
+        compiling)."""
+        grid, plan = (int(hw[0]), int(hw[1])), plan_for(device)
         if is_tracing():
             return WindowLayout(grid, self.window_size, self.sr_ratio,
-                                self.scale_factors, device, self.k)
-        key = (grid, device)
+                                self.scale_factors, device, self.k, plan)
+        key = (grid, device, plan)
         if self._layout is None or self._layout[0] != key:
             self._layout = (key, WindowLayout(grid, self.window_size,
                                               self.sr_ratio,
                                               self.scale_factors, device,
-                                              self.k))
+                                              self.k, plan))
         return self._layout[1]
 
     def cluster(self, x: torch.Tensor, w: torch.Tensor, hw: Tuple[int, int]
