@@ -13,13 +13,12 @@ import clustr_mm  # noqa: F401  (registers the models)
 from clustr_mm.models.backbones.clustr import ClusTR
 from clustr_mm.models.layers import ConvFFN, token_clustering
 from clustr_mm.models.layers.cluster_attention import ClusterAttention
-from clustr_mm.models.layers.token_clustering import (ACCELERATOR_PLAN,
-                                                      CPU_PLAN,
-                                                      DPCKNNClustering,
-                                                      WindowLayout,
+from clustr_mm.models.layers.token_clustering import (DPCKNNClustering,
                                                       _k_smallest,
                                                       dpc_knn_assign,
                                                       merge_tokens)
+from clustr_mm.models.layers.window_layout import (ACCELERATOR_PLAN, CPU_PLAN,
+                                                   WindowLayout)
 
 REPO = Path(__file__).resolve().parents[1]
 torch.set_num_threads(2)

@@ -15,8 +15,8 @@ import clustr_mm  # noqa: F401
 from clustr_mm.analysis.flops import analyze_flops
 from clustr_mm.analysis.op_census import op_census
 from clustr_mm.models.backbones.clustr import ClusTR
-from clustr_mm.models.layers.token_clustering import (ACCELERATOR_PLAN,
-                                                      CPU_PLAN, planned_as)
+from clustr_mm.models.layers.window_layout import (ACCELERATOR_PLAN, CPU_PLAN,
+                                                   planned_as)
 
 torch.set_num_threads(2)
 

@@ -19,9 +19,9 @@ from clustr_mm.models.layers import (DPCKNN, CentroidAttention,
                                      PaCaAttention, SoftCluster,
                                      SummaryAttention, TokenReducer,
                                      build_reducer, multi_head_attention)
-from clustr_mm.models.layers.token_clustering import (WindowLayout,
-                                                      dpc_knn_assign,
+from clustr_mm.models.layers.token_clustering import (dpc_knn_assign,
                                                       merge_tokens)
+from clustr_mm.models.layers.window_layout import WindowLayout
 
 ROOT = Path(__file__).resolve().parents[1]
 torch.set_num_threads(2)

@@ -42,7 +42,7 @@ is polluted by an earlier one. Peers come from the installed mmdet.
 - ``--census``: no timing; ``clustr_mm.analysis.op_census`` of one eval
   forward after a warm-up one: the ops (about the kernel launches on a GPU),
   the host syncs and the most frequent ops. ClusTR's clustering runs its
-  accelerator plan (``ACCELERATOR_PLAN`` in ``token_clustering``) on every
+  accelerator plan (``ACCELERATOR_PLAN`` in ``window_layout``) on every
   device, so a CPU census counts the GPU's code path.
 
 The output starts with the device, torch version, batch, amp and command
@@ -239,7 +239,7 @@ def measure(name, size, args):
 
     if args.census:
         from clustr_mm.analysis.op_census import op_census
-        from clustr_mm.models.layers.token_clustering import (
+        from clustr_mm.models.layers.window_layout import (
             ACCELERATOR_PLAN, planned_as)
         with planned_as(ACCELERATOR_PLAN):
             result.update(op_census(forward, warmup=1))

@@ -7,8 +7,9 @@ from .patch_embed import OverlapPatchEmbed, tokens_to_map
 from .reducers import (DPCKNN, CentroidAttention, GridPool, PointwiseConv,
                        Reduction, SoftCluster, TokenReducer, apply_assignment,
                        assignment_map, build_reducer, soft_assignment)
-from .token_clustering import (DPCKNNClustering, WindowLayout, dpc_knn_assign,
-                               merge_tokens)
+from .token_clustering import DPCKNNClustering, dpc_knn_assign, merge_tokens
+from .window_layout import (ClusteringPlan, WindowLayout, plan_for,
+                            planned_as)
 
 __all__ = [
     'multi_head_attention', 'split_heads', 'DropPath', 'ConvFFN',
@@ -17,5 +18,5 @@ __all__ = [
     'build_reducer', 'apply_assignment', 'assignment_map', 'DPCKNN',
     'SoftCluster', 'CentroidAttention', 'GridPool', 'DPCKNNClustering',
     'WindowLayout', 'dpc_knn_assign', 'merge_tokens', 'PointwiseConv',
-    'soft_assignment'
+    'soft_assignment', 'ClusteringPlan', 'plan_for', 'planned_as'
 ]

@@ -46,8 +46,8 @@ from torch import nn
 from ...registry import register_model
 from .attention import split_heads
 from .patch_embed import tokens_to_map
-from .token_clustering import (DPCKNNClustering, WindowLayout, _cols_aug,
-                               _rows_aug, plan_for)
+from .token_clustering import DPCKNNClustering, _cols_aug, _rows_aug
+from .window_layout import WindowLayout, plan_for
 
 Grid = Tuple[int, int]
 
