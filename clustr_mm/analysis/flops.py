@@ -22,16 +22,16 @@ PVT, Swin, PaCa-ViT and mmdet/mmseg's ``get_flops``. On top of it:
   clustered into at most K centers (counts ``m_s`` per scale):
 
   * ``clustering.distances`` = ``G * (n*n + n*K) * (C + 2)``: all squared
- (token_clustering.TRACE_PLAN). A GPU runs moretoken-token distances (one GEMM of ``[x, |x|^2, 1]`` by
- (token_clustering.TRACE_PLAN). A GPU runs more``[-2x, 1, |x|^2]``, hence C + 2) and the token-center distances.
+    token-token distances (one GEMM of ``[x, |x|^2, 1]`` by
+    ``[-2x, 1, |x|^2]``, hence C + 2) and the token-center distances.
   * ``clustering.selection`` = ``G * (2*n*n + n*k + 2*n + n*sum(m_s))``
- (token_clustering.TRACE_PLAN). A GPU runs morecomparisons: k-nearest-neighbour selection (n per row), the search for
- (token_clustering.TRACE_PLAN). A GPU runs morethe nearest denser token counted as a full scan of the distance matrix
- (token_clustering.TRACE_PLAN). A GPU runs more(n per row, as the official code does it), the kNN density (k per
- (token_clustering.TRACE_PLAN). A GPU runs moretoken), the two rankings (density, score; n each) and the nearest-center
- (token_clustering.TRACE_PLAN). A GPU runs morechoice (m_s per token and scale).
+    comparisons: k-nearest-neighbour selection (n per row), the search for
+    the nearest denser token counted as a full scan of the distance matrix
+    (n per row, as the official code does it), the kNN density (k per
+    token), the two rankings (density, score; n each) and the nearest-center
+    choice (m_s per token and scale).
   * ``clustering.merge`` = ``B * N * (C + 1)`` per clustered scale: the
- (token_clustering.TRACE_PLAN). A GPU runs moreweighted sums of the members and of their weights.
+    weighted sums of the members and of their weights.
 
   A scale whose cluster count equals the number of tokens of every window
   is the identity (nothing is clustered, nothing counted). Windows whose
@@ -56,70 +56,70 @@ from torch import nn
 
 
 def _prod(shape):
- (token_clustering.TRACE_PLAN). A GPU runs moreout = 1
- (token_clustering.TRACE_PLAN). A GPU runs morefor s in shape:
- (token_clustering.TRACE_PLAN). A GPU runs more    out *= s
- (token_clustering.TRACE_PLAN). A GPU runs morereturn out
+    out = 1
+    for s in shape:
+        out *= s
+    return out
 
 
 def sdpa_flop(inputs, outputs):
- (token_clustering.TRACE_PLAN). A GPU runs moreq, k, v = (get_shape(t) for t in inputs[:3])
- (token_clustering.TRACE_PLAN). A GPU runs more*batch, n, dk = q
- (token_clustering.TRACE_PLAN). A GPU runs morem, dv = k[-2], v[-1]
- (token_clustering.TRACE_PLAN). A GPU runs morereturn _prod(batch) * n * m * (dk + dv)
+    q, k, v = (get_shape(t) for t in inputs[:3])
+    *batch, n, dk = q
+    m, dv = k[-2], v[-1]
+    return _prod(batch) * n * m * (dk + dv)
 
 
 def native_mha_flop(inputs, outputs):
- (token_clustering.TRACE_PLAN). A GPU runs moreq, k = get_shape(inputs[0]), get_shape(inputs[1])
- (token_clustering.TRACE_PLAN). A GPU runs moreb, n, c = q
- (token_clustering.TRACE_PLAN). A GPU runs morem = k[1]
- (token_clustering.TRACE_PLAN). A GPU runs more# q, k, v, out projections + q k^T + attn v
- (token_clustering.TRACE_PLAN). A GPU runs morereturn b * (2 * n * c * c + 2 * m * c * c + 2 * n * m * c)
+    q, k = get_shape(inputs[0]), get_shape(inputs[1])
+    b, n, c = q
+    m = k[1]
+    # q, k, v, out projections + q k^T + attn v
+    return b * (2 * n * c * c + 2 * m * c * c + 2 * n * m * c)
 
 
 def scan_flop(inputs, outputs):
- (token_clustering.TRACE_PLAN). A GPU runs more"""topk/sort: one comparison per input element."""
- (token_clustering.TRACE_PLAN). A GPU runs morereturn _prod(get_shape(inputs[0]))
+    """topk/sort: one comparison per input element."""
+    return _prod(get_shape(inputs[0]))
 
 
 def merge_flop(inputs, outputs):
- (token_clustering.TRACE_PLAN). A GPU runs more"""index_add / scatter_add: one add per source element (input 3)."""
- (token_clustering.TRACE_PLAN). A GPU runs morereturn _prod(get_shape(inputs[3]))
+    """index_add / scatter_add: one add per source element (input 3)."""
+    return _prod(get_shape(inputs[3]))
 
 
 def cdist_flop(inputs, outputs):
- (token_clustering.TRACE_PLAN). A GPU runs morex1, x2 = get_shape(inputs[0]), get_shape(inputs[1])
- (token_clustering.TRACE_PLAN). A GPU runs morereturn _prod(x1) * x2[-2]
+    x1, x2 = get_shape(inputs[0]), get_shape(inputs[1])
+    return _prod(x1) * x2[-2]
 
 
 EXTRA_HANDLES = {
- (token_clustering.TRACE_PLAN). A GPU runs more'aten::scaled_dot_product_attention': sdpa_flop,
- (token_clustering.TRACE_PLAN). A GPU runs more'aten::_native_multi_head_attention': native_mha_flop,
- (token_clustering.TRACE_PLAN). A GPU runs more'aten::topk': scan_flop,
- (token_clustering.TRACE_PLAN). A GPU runs more'aten::sort': scan_flop,
- (token_clustering.TRACE_PLAN). A GPU runs more'aten::index_add': merge_flop,
- (token_clustering.TRACE_PLAN). A GPU runs more'aten::index_add_': merge_flop,
- (token_clustering.TRACE_PLAN). A GPU runs more'aten::scatter_add': merge_flop,
- (token_clustering.TRACE_PLAN). A GPU runs more'aten::scatter_add_': merge_flop,
- (token_clustering.TRACE_PLAN). A GPU runs more'aten::cdist': cdist_flop,
+    'aten::scaled_dot_product_attention': sdpa_flop,
+    'aten::_native_multi_head_attention': native_mha_flop,
+    'aten::topk': scan_flop,
+    'aten::sort': scan_flop,
+    'aten::index_add': merge_flop,
+    'aten::index_add_': merge_flop,
+    'aten::scatter_add': merge_flop,
+    'aten::scatter_add_': merge_flop,
+    'aten::cdist': cdist_flop,
 }
 
 # Operator names of the attention products (FlopAnalyzer's names).
 ATTENTION_PRODUCT_OPS = ('scaled_dot_product_attention',
- (token_clustering.TRACE_PLAN). A GPU runs more                     '_native_multi_head_attention', 'matmul', 'bmm',
- (token_clustering.TRACE_PLAN). A GPU runs more                     'baddbmm', 'einsum')
+                         '_native_multi_head_attention', 'matmul', 'bmm',
+                         'baddbmm', 'einsum')
 CLUSTERING_OPS = ('clustering.distances', 'clustering.selection',
- (token_clustering.TRACE_PLAN). A GPU runs more              'clustering.merge')
+                  'clustering.merge')
 
 
 def flop_analyzer(model: nn.Module, inputs) -> FlopAnalyzer:
- (token_clustering.TRACE_PLAN). A GPU runs more"""A FlopAnalyzer with the attention and clustering handles registered."""
- (token_clustering.TRACE_PLAN). A GPU runs moreanalyzer = FlopAnalyzer(model, inputs)
- (token_clustering.TRACE_PLAN). A GPU runs moreanalyzer.set_op_handle(**EXTRA_HANDLES)
- (token_clustering.TRACE_PLAN). A GPU runs moreanalyzer.unsupported_ops_warnings(False)
- (token_clustering.TRACE_PLAN). A GPU runs moreanalyzer.uncalled_modules_warnings(False)
- (token_clustering.TRACE_PLAN). A GPU runs moreanalyzer.tracer_warnings('none')
- (token_clustering.TRACE_PLAN). A GPU runs morereturn analyzer
+    """A FlopAnalyzer with the attention and clustering handles registered."""
+    analyzer = FlopAnalyzer(model, inputs)
+    analyzer.set_op_handle(**EXTRA_HANDLES)
+    analyzer.unsupported_ops_warnings(False)
+    analyzer.uncalled_modules_warnings(False)
+    analyzer.tracer_warnings('none')
+    return analyzer
 
 
 # --------------------------------------------------------------------------
@@ -127,47 +127,47 @@ def flop_analyzer(model: nn.Module, inputs) -> FlopAnalyzer:
 
 
 def _is_dpc_knn(module: nn.Module) -> bool:
- (token_clustering.TRACE_PLAN). A GPU runs more"""DPC-kNN reducers (also the ``DPCKNN`` token reducer, a subclass)."""
- (token_clustering.TRACE_PLAN). A GPU runs morefrom ..models.layers.token_clustering import DPCKNNClustering
- (token_clustering.TRACE_PLAN). A GPU runs morereturn isinstance(module, DPCKNNClustering)
+    """DPC-kNN reducers (also the ``DPCKNN`` token reducer, a subclass)."""
+    from ..models.layers.token_clustering import DPCKNNClustering
+    return isinstance(module, DPCKNNClustering)
 
 
 def dpc_knn_flops(reducer: nn.Module, batch: int, channels: int,
- (token_clustering.TRACE_PLAN). A GPU runs more              hw: Tuple[int, int]) -> Counter:
- (token_clustering.TRACE_PLAN). A GPU runs more"""FLOPs of one DPC-kNN reducer call (see the module docstring).
+                  hw: Tuple[int, int]) -> Counter:
+    """FLOPs of one DPC-kNN reducer call (see the module docstring).
 
- (token_clustering.TRACE_PLAN). A GPU runs moreArgs:
- (token_clustering.TRACE_PLAN). A GPU runs more    reducer: A :class:`DPCKNNClustering` (its ``window_size``,
- (token_clustering.TRACE_PLAN). A GPU runs more        ``sr_ratio``, ``scale_factors`` and ``k`` are read).
- (token_clustering.TRACE_PLAN). A GPU runs more    batch, channels: B and C of the (B, H*W, C) tokens.
- (token_clustering.TRACE_PLAN). A GPU runs more    hw: (H, W) of the token grid.
+    Args:
+        reducer: A :class:`DPCKNNClustering` (its ``window_size``,
+            ``sr_ratio``, ``scale_factors`` and ``k`` are read).
+        batch, channels: B and C of the (B, H*W, C) tokens.
+        hw: (H, W) of the token grid.
 
- (token_clustering.TRACE_PLAN). A GPU runs moreReturns:
- (token_clustering.TRACE_PLAN). A GPU runs more    Counter with ``clustering.distances``, ``clustering.selection`` and
- (token_clustering.TRACE_PLAN). A GPU runs more    ``clustering.merge``.
- (token_clustering.TRACE_PLAN). A GPU runs more"""
- (token_clustering.TRACE_PLAN). A GPU runs morefrom ..models.layers.window_layout import WindowLayout
- (token_clustering.TRACE_PLAN). A GPU runs moreh, w = int(hw[0]), int(hw[1])
- (token_clustering.TRACE_PLAN). A GPU runs morelayout = WindowLayout((h, w), reducer.window_size, reducer.sr_ratio,
- (token_clustering.TRACE_PLAN). A GPU runs more                      reducer.scale_factors)
- (token_clustering.TRACE_PLAN). A GPU runs moretodo = [s for s, ident in enumerate(layout.identity) if not ident]
- (token_clustering.TRACE_PLAN). A GPU runs moreout = Counter(dict.fromkeys(CLUSTERING_OPS, 0))
- (token_clustering.TRACE_PLAN). A GPU runs moreif not todo:
- (token_clustering.TRACE_PLAN). A GPU runs more    return out
- (token_clustering.TRACE_PLAN). A GPU runs morec, k = channels, reducer.k
- (token_clustering.TRACE_PLAN). A GPU runs more# The algorithm's work, window by window: what a jit trace runs
- (token_clustering.TRACE_PLAN). A GPU runs more# (token_clustering.TRACE_PLAN). A GPU runs more where it pads border
- (token_clustering.TRACE_PLAN). A GPU runs more# windows, a CPU where it recomputes distances to denser tokens.
- (token_clustering.TRACE_PLAN). A GPU runs morefor i, n in enumerate(layout.tokens):
- (token_clustering.TRACE_PLAN). A GPU runs more    counts = [layout.counts[s][i] for s in todo]
- (token_clustering.TRACE_PLAN). A GPU runs more    if all(cnt == n for cnt in counts):
- (token_clustering.TRACE_PLAN). A GPU runs more        continue  # every clustered scale is the identity here
- (token_clustering.TRACE_PLAN). A GPU runs more    big_k = max(counts)
- (token_clustering.TRACE_PLAN). A GPU runs more    out['clustering.distances'] += batch * (n * n + n * big_k) * (c + 2)
- (token_clustering.TRACE_PLAN). A GPU runs more    out['clustering.selection'] += batch * (2 * n * n + n * min(k, n) +
- (token_clustering.TRACE_PLAN). A GPU runs more                                            2 * n + n * sum(counts))
- (token_clustering.TRACE_PLAN). A GPU runs moreout['clustering.merge'] += len(todo) * batch * h * w * (c + 1)
- (token_clustering.TRACE_PLAN). A GPU runs morereturn out
+    Returns:
+        Counter with ``clustering.distances``, ``clustering.selection`` and
+        ``clustering.merge``.
+    """
+    from ..models.layers.window_layout import WindowLayout
+    h, w = int(hw[0]), int(hw[1])
+    layout = WindowLayout((h, w), reducer.window_size, reducer.sr_ratio,
+                          reducer.scale_factors)
+    todo = [s for s, ident in enumerate(layout.identity) if not ident]
+    out = Counter(dict.fromkeys(CLUSTERING_OPS, 0))
+    if not todo:
+        return out
+    c, k = channels, reducer.k
+    # The algorithm's work, window by window: what a jit trace runs
+    # (window_layout.TRACE_PLAN). A GPU runs more where it pads border
+    # windows, a CPU where it recomputes distances to denser tokens.
+    for i, n in enumerate(layout.tokens):
+        counts = [layout.counts[s][i] for s in todo]
+        if all(cnt == n for cnt in counts):
+            continue  # every clustered scale is the identity here
+        big_k = max(counts)
+        out['clustering.distances'] += batch * (n * n + n * big_k) * (c + 2)
+        out['clustering.selection'] += batch * (2 * n * n + n * min(k, n) +
+                                                2 * n + n * sum(counts))
+    out['clustering.merge'] += len(todo) * batch * h * w * (c + 1)
+    return out
 
 
 # --------------------------------------------------------------------------
@@ -175,222 +175,222 @@ def dpc_knn_flops(reducer: nn.Module, batch: int, channels: int,
 
 
 def _int_sizes(module, args, kwargs):
- (token_clustering.TRACE_PLAN). A GPU runs more"""Forward pre-hook: (H, W) tuples traced as 0-dim tensors -> ints.
+    """Forward pre-hook: (H, W) tuples traced as 0-dim tensors -> ints.
 
- (token_clustering.TRACE_PLAN). A GPU runs moreUnder ``torch.jit.trace`` ``x.shape[i]`` is a 0-dim tensor, which Python
- (token_clustering.TRACE_PLAN). A GPU runs morecode that computes window layouts from ``hw`` cannot use. The trace is
- (token_clustering.TRACE_PLAN). A GPU runs moreonly used for counting, so freezing the sizes is harmless.
- (token_clustering.TRACE_PLAN). A GPU runs more"""
- (token_clustering.TRACE_PLAN). A GPU runs moreif not torch.jit.is_tracing():
- (token_clustering.TRACE_PLAN). A GPU runs more    return None
+    Under ``torch.jit.trace`` ``x.shape[i]`` is a 0-dim tensor, which Python
+    code that computes window layouts from ``hw`` cannot use. The trace is
+    only used for counting, so freezing the sizes is harmless.
+    """
+    if not torch.jit.is_tracing():
+        return None
 
- (token_clustering.TRACE_PLAN). A GPU runs moredef fix(a):
- (token_clustering.TRACE_PLAN). A GPU runs more    if (isinstance(a, (tuple, list)) and a
- (token_clustering.TRACE_PLAN). A GPU runs more            and all(isinstance(t, torch.Tensor) and t.dim() == 0
- (token_clustering.TRACE_PLAN). A GPU runs more                    and not t.is_floating_point() for t in a)):
- (token_clustering.TRACE_PLAN). A GPU runs more        return type(a)(int(t) for t in a)
- (token_clustering.TRACE_PLAN). A GPU runs more    return a
+    def fix(a):
+        if (isinstance(a, (tuple, list)) and a
+                and all(isinstance(t, torch.Tensor) and t.dim() == 0
+                        and not t.is_floating_point() for t in a)):
+            return type(a)(int(t) for t in a)
+        return a
 
- (token_clustering.TRACE_PLAN). A GPU runs morereturn (tuple(fix(a) for a in args),
- (token_clustering.TRACE_PLAN). A GPU runs more        {k: fix(v) for k, v in kwargs.items()})
+    return (tuple(fix(a) for a in args),
+            {k: fix(v) for k, v in kwargs.items()})
 
 
 def _grid_arg(args, kwargs):
- (token_clustering.TRACE_PLAN). A GPU runs more"""The (H, W) argument of a reducer call: ``hw=`` or the first tuple."""
- (token_clustering.TRACE_PLAN). A GPU runs moreif 'hw' in kwargs:
- (token_clustering.TRACE_PLAN). A GPU runs more    return kwargs['hw']
- (token_clustering.TRACE_PLAN). A GPU runs morefor a in args[1:]:
- (token_clustering.TRACE_PLAN). A GPU runs more    if isinstance(a, (tuple, list)) and len(a) == 2:
- (token_clustering.TRACE_PLAN). A GPU runs more        return a
- (token_clustering.TRACE_PLAN). A GPU runs moreraise ValueError('cannot find the (H, W) argument of a DPC-kNN call')
+    """The (H, W) argument of a reducer call: ``hw=`` or the first tuple."""
+    if 'hw' in kwargs:
+        return kwargs['hw']
+    for a in args[1:]:
+        if isinstance(a, (tuple, list)) and len(a) == 2:
+            return a
+    raise ValueError('cannot find the (H, W) argument of a DPC-kNN call')
 
 
 @contextmanager
 def _counting_hooks(model: nn.Module, calls: List[tuple]):
- (token_clustering.TRACE_PLAN). A GPU runs more"""Install the size pre-hooks and the DPC-kNN recorders for one trace."""
- (token_clustering.TRACE_PLAN). A GPU runs morenames = {id(m): n for n, m in model.named_modules()}
- (token_clustering.TRACE_PLAN). A GPU runs morehandles = []
+    """Install the size pre-hooks and the DPC-kNN recorders for one trace."""
+    names = {id(m): n for n, m in model.named_modules()}
+    handles = []
 
- (token_clustering.TRACE_PLAN). A GPU runs moredef record(module, args, kwargs, output):
- (token_clustering.TRACE_PLAN). A GPU runs more    x = kwargs['x'] if 'x' in kwargs else args[0]
- (token_clustering.TRACE_PLAN). A GPU runs more    b, _, c = (int(s) for s in x.shape)
- (token_clustering.TRACE_PLAN). A GPU runs more    hw = tuple(int(s) for s in _grid_arg(args, kwargs))
- (token_clustering.TRACE_PLAN). A GPU runs more    calls.append((names[id(module)], module, b, c, hw))
+    def record(module, args, kwargs, output):
+        x = kwargs['x'] if 'x' in kwargs else args[0]
+        b, _, c = (int(s) for s in x.shape)
+        hw = tuple(int(s) for s in _grid_arg(args, kwargs))
+        calls.append((names[id(module)], module, b, c, hw))
 
- (token_clustering.TRACE_PLAN). A GPU runs moretry:
- (token_clustering.TRACE_PLAN). A GPU runs more    for m in model.modules():
- (token_clustering.TRACE_PLAN). A GPU runs more        handles.append(
- (token_clustering.TRACE_PLAN). A GPU runs more            m.register_forward_pre_hook(_int_sizes, with_kwargs=True))
- (token_clustering.TRACE_PLAN). A GPU runs more        if _is_dpc_knn(m):
- (token_clustering.TRACE_PLAN). A GPU runs more            handles.append(
- (token_clustering.TRACE_PLAN). A GPU runs more                m.register_forward_hook(record, with_kwargs=True))
- (token_clustering.TRACE_PLAN). A GPU runs more    yield
- (token_clustering.TRACE_PLAN). A GPU runs morefinally:
- (token_clustering.TRACE_PLAN). A GPU runs more    for h in handles:
- (token_clustering.TRACE_PLAN). A GPU runs more        h.remove()
+    try:
+        for m in model.modules():
+            handles.append(
+                m.register_forward_pre_hook(_int_sizes, with_kwargs=True))
+            if _is_dpc_knn(m):
+                handles.append(
+                    m.register_forward_hook(record, with_kwargs=True))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 # --------------------------------------------------------------------------
 # Sorting counts into parts of the model
 
 KINDS = ('embedding', 'attention projections', 'attention products',
- (token_clustering.TRACE_PLAN). A GPU runs more     'clustering', 'mlp', 'other')
+         'clustering', 'mlp', 'other')
 _KIND_BY_NAME = {
- (token_clustering.TRACE_PLAN). A GPU runs more'clustering': 'clustering', 'cluster': 'clustering',
- (token_clustering.TRACE_PLAN). A GPU runs more'cluster_norm': 'clustering', 'weight_layer': 'clustering',
- (token_clustering.TRACE_PLAN). A GPU runs more'teacher': 'clustering',
- (token_clustering.TRACE_PLAN). A GPU runs more'attn': 'attention projections', 'attention': 'attention projections',
- (token_clustering.TRACE_PLAN). A GPU runs more'self_attn': 'attention projections',
- (token_clustering.TRACE_PLAN). A GPU runs more'mlp': 'mlp', 'ffn': 'mlp', 'ffns': 'mlp',
- (token_clustering.TRACE_PLAN). A GPU runs more'patch_embed': 'embedding', 'patch_embeds': 'embedding',
- (token_clustering.TRACE_PLAN). A GPU runs more'stem': 'embedding', 'downsample': 'embedding',
- (token_clustering.TRACE_PLAN). A GPU runs more'downsamples': 'embedding',
+    'clustering': 'clustering', 'cluster': 'clustering',
+    'cluster_norm': 'clustering', 'weight_layer': 'clustering',
+    'teacher': 'clustering',
+    'attn': 'attention projections', 'attention': 'attention projections',
+    'self_attn': 'attention projections',
+    'mlp': 'mlp', 'ffn': 'mlp', 'ffns': 'mlp',
+    'patch_embed': 'embedding', 'patch_embeds': 'embedding',
+    'stem': 'embedding', 'downsample': 'embedding',
+    'downsamples': 'embedding',
 }
 
 
 def _kind(path: List[str], modules: Dict[str, nn.Module], op: str) -> str:
- (token_clustering.TRACE_PLAN). A GPU runs more"""Kind of an operator run directly by the module at ``path``."""
- (token_clustering.TRACE_PLAN). A GPU runs moreif op in CLUSTERING_OPS:
- (token_clustering.TRACE_PLAN). A GPU runs more    return 'clustering'
- (token_clustering.TRACE_PLAN). A GPU runs morefor depth in range(len(path), 0, -1):
- (token_clustering.TRACE_PLAN). A GPU runs more    kind = _KIND_BY_NAME.get(path[depth - 1])
- (token_clustering.TRACE_PLAN). A GPU runs more    if kind is None:
- (token_clustering.TRACE_PLAN). A GPU runs more        continue
- (token_clustering.TRACE_PLAN). A GPU runs more    if kind == 'attention projections' and op in ATTENTION_PRODUCT_OPS:
- (token_clustering.TRACE_PLAN). A GPU runs more        owner = modules.get('.'.join(path))
- (token_clustering.TRACE_PLAN). A GPU runs more        if op == 'bmm' and getattr(owner, 'num_clusters', 0):
- (token_clustering.TRACE_PLAN). A GPU runs more            return 'clustering'  # PaCa: assignment @ tokens
- (token_clustering.TRACE_PLAN). A GPU runs more        return 'attention products'
- (token_clustering.TRACE_PLAN). A GPU runs more    return kind
- (token_clustering.TRACE_PLAN). A GPU runs morereturn 'other'
+    """Kind of an operator run directly by the module at ``path``."""
+    if op in CLUSTERING_OPS:
+        return 'clustering'
+    for depth in range(len(path), 0, -1):
+        kind = _KIND_BY_NAME.get(path[depth - 1])
+        if kind is None:
+            continue
+        if kind == 'attention projections' and op in ATTENTION_PRODUCT_OPS:
+            owner = modules.get('.'.join(path))
+            if op == 'bmm' and getattr(owner, 'num_clusters', 0):
+                return 'clustering'  # PaCa: assignment @ tokens
+            return 'attention products'
+        return kind
+    return 'other'
 
 
 @dataclass
 class FlopReport:
- (token_clustering.TRACE_PLAN). A GPU runs more"""Result of :func:`analyze_flops`; all counts in FLOPs (= MACs)."""
- (token_clustering.TRACE_PLAN). A GPU runs moretotal: int
- (token_clustering.TRACE_PLAN). A GPU runs moreby_operator: Counter
- (token_clustering.TRACE_PLAN). A GPU runs moreby_part: 'OrderedDict[str, int]'
- (token_clustering.TRACE_PLAN). A GPU runs moreby_module: Dict[str, Counter] = field(repr=False)
- (token_clustering.TRACE_PLAN). A GPU runs moreuncounted_ops: Counter = field(default_factory=Counter)
+    """Result of :func:`analyze_flops`; all counts in FLOPs (= MACs)."""
+    total: int
+    by_operator: Counter
+    by_part: 'OrderedDict[str, int]'
+    by_module: Dict[str, Counter] = field(repr=False)
+    uncounted_ops: Counter = field(default_factory=Counter)
 
- (token_clustering.TRACE_PLAN). A GPU runs moredef part(self, *prefixes: str) -> int:
- (token_clustering.TRACE_PLAN). A GPU runs more    return sum(v for k, v in self.by_part.items()
- (token_clustering.TRACE_PLAN). A GPU runs more               if k.startswith(prefixes))
+    def part(self, *prefixes: str) -> int:
+        return sum(v for k, v in self.by_part.items()
+                   if k.startswith(prefixes))
 
- (token_clustering.TRACE_PLAN). A GPU runs moredef kind(self, kind: str) -> int:
- (token_clustering.TRACE_PLAN). A GPU runs more    """One kind summed over all parts, e.g. ``'clustering'``."""
- (token_clustering.TRACE_PLAN). A GPU runs more    return sum(v for k, v in self.by_part.items()
- (token_clustering.TRACE_PLAN). A GPU runs more               if k.split('/')[-1] == kind)
+    def kind(self, kind: str) -> int:
+        """One kind summed over all parts, e.g. ``'clustering'``."""
+        return sum(v for k, v in self.by_part.items()
+                   if k.split('/')[-1] == kind)
 
- (token_clustering.TRACE_PLAN). A GPU runs more@property
- (token_clustering.TRACE_PLAN). A GPU runs moredef without_attention_and_clustering(self) -> int:
- (token_clustering.TRACE_PLAN). A GPU runs more    """The count without attention products and clustering: the
- (token_clustering.TRACE_PLAN). A GPU runs more    convention of the ClusTR paper's FLOP figures."""
- (token_clustering.TRACE_PLAN). A GPU runs more    return (self.total - self.kind('attention products') -
- (token_clustering.TRACE_PLAN). A GPU runs more            self.kind('clustering'))
+    @property
+    def without_attention_and_clustering(self) -> int:
+        """The count without attention products and clustering: the
+        convention of the ClusTR paper's FLOP figures."""
+        return (self.total - self.kind('attention products') -
+                self.kind('clustering'))
 
 
 def _part_of(name: str, has_backbone: bool) -> Tuple[str, List[str]]:
- (token_clustering.TRACE_PLAN). A GPU runs morepath = name.split('.') if name else []
- (token_clustering.TRACE_PLAN). A GPU runs moreif not has_backbone:
- (token_clustering.TRACE_PLAN). A GPU runs more    return 'backbone', path
- (token_clustering.TRACE_PLAN). A GPU runs moreif not path:
- (token_clustering.TRACE_PLAN). A GPU runs more    return 'other', path
- (token_clustering.TRACE_PLAN). A GPU runs moreif path[0] == 'backbone':
- (token_clustering.TRACE_PLAN). A GPU runs more    return 'backbone', path
- (token_clustering.TRACE_PLAN). A GPU runs moreif path[0].startswith('neck'):
- (token_clustering.TRACE_PLAN). A GPU runs more    return 'neck', path
- (token_clustering.TRACE_PLAN). A GPU runs morereturn 'heads', path
+    path = name.split('.') if name else []
+    if not has_backbone:
+        return 'backbone', path
+    if not path:
+        return 'other', path
+    if path[0] == 'backbone':
+        return 'backbone', path
+    if path[0].startswith('neck'):
+        return 'neck', path
+    return 'heads', path
 
 
 def analyze_flops(model: nn.Module,
- (token_clustering.TRACE_PLAN). A GPU runs more              inputs: Union[torch.Tensor, Tuple],
- (token_clustering.TRACE_PLAN). A GPU runs more              forward: Optional[Callable] = None) -> FlopReport:
- (token_clustering.TRACE_PLAN). A GPU runs more"""Count the FLOPs of one forward of ``model`` (no grad, current mode).
+                  inputs: Union[torch.Tensor, Tuple],
+                  forward: Optional[Callable] = None) -> FlopReport:
+    """Count the FLOPs of one forward of ``model`` (no grad, current mode).
 
- (token_clustering.TRACE_PLAN). A GPU runs moreArgs:
- (token_clustering.TRACE_PLAN). A GPU runs more    model: The module to trace. Module names in the report are relative
- (token_clustering.TRACE_PLAN). A GPU runs more        to it; when it has a ``backbone`` child, the counts are split into
- (token_clustering.TRACE_PLAN). A GPU runs more        backbone (by kind), neck and heads.
- (token_clustering.TRACE_PLAN). A GPU runs more    inputs: Positional inputs of the traced call.
- (token_clustering.TRACE_PLAN). A GPU runs more    forward: Optional replacement of ``model.forward`` for the trace
- (token_clustering.TRACE_PLAN). A GPU runs more        (e.g. a detector's tensor path); restored afterwards.
- (token_clustering.TRACE_PLAN). A GPU runs more"""
- (token_clustering.TRACE_PLAN). A GPU runs moreinputs = inputs if isinstance(inputs, tuple) else (inputs, )
- (token_clustering.TRACE_PLAN). A GPU runs morecalls: List[tuple] = []
- (token_clustering.TRACE_PLAN). A GPU runs moresaved = model.__dict__.get('forward')
- (token_clustering.TRACE_PLAN). A GPU runs moreif forward is not None:
- (token_clustering.TRACE_PLAN). A GPU runs more    model.forward = forward
- (token_clustering.TRACE_PLAN). A GPU runs moretry:
- (token_clustering.TRACE_PLAN). A GPU runs more    with _counting_hooks(model, calls), torch.no_grad():
- (token_clustering.TRACE_PLAN). A GPU runs more        analyzer = flop_analyzer(model, inputs)
- (token_clustering.TRACE_PLAN). A GPU runs more        per_module = {k: Counter(v) for k, v in
- (token_clustering.TRACE_PLAN). A GPU runs more                      analyzer.by_module_and_operator().items()}
- (token_clustering.TRACE_PLAN). A GPU runs more        uncounted = Counter(analyzer.unsupported_ops())
- (token_clustering.TRACE_PLAN). A GPU runs more        for name, *_ in calls:  # ops inside DPC-kNN: counted analytically
- (token_clustering.TRACE_PLAN). A GPU runs more            uncounted.subtract(analyzer.unsupported_ops(name))
- (token_clustering.TRACE_PLAN). A GPU runs more        uncounted = +uncounted
- (token_clustering.TRACE_PLAN). A GPU runs morefinally:
- (token_clustering.TRACE_PLAN). A GPU runs more    if forward is not None:
- (token_clustering.TRACE_PLAN). A GPU runs more        if saved is None:
- (token_clustering.TRACE_PLAN). A GPU runs more            del model.forward
- (token_clustering.TRACE_PLAN). A GPU runs more        else:
- (token_clustering.TRACE_PLAN). A GPU runs more            model.forward = saved
+    Args:
+        model: The module to trace. Module names in the report are relative
+            to it; when it has a ``backbone`` child, the counts are split into
+            backbone (by kind), neck and heads.
+        inputs: Positional inputs of the traced call.
+        forward: Optional replacement of ``model.forward`` for the trace
+            (e.g. a detector's tensor path); restored afterwards.
+    """
+    inputs = inputs if isinstance(inputs, tuple) else (inputs, )
+    calls: List[tuple] = []
+    saved = model.__dict__.get('forward')
+    if forward is not None:
+        model.forward = forward
+    try:
+        with _counting_hooks(model, calls), torch.no_grad():
+            analyzer = flop_analyzer(model, inputs)
+            per_module = {k: Counter(v) for k, v in
+                          analyzer.by_module_and_operator().items()}
+            uncounted = Counter(analyzer.unsupported_ops())
+            for name, *_ in calls:  # ops inside DPC-kNN: counted analytically
+                uncounted.subtract(analyzer.unsupported_ops(name))
+            uncounted = +uncounted
+    finally:
+        if forward is not None:
+            if saved is None:
+                del model.forward
+            else:
+                model.forward = saved
 
- (token_clustering.TRACE_PLAN). A GPU runs more# Replace the traced count of every DPC-kNN call by the analytic one.
- (token_clustering.TRACE_PLAN). A GPU runs morereducers = {name for name, *_ in calls}
- (token_clustering.TRACE_PLAN). A GPU runs moreanalytic: Dict[str, Counter] = {name: Counter() for name in reducers}
- (token_clustering.TRACE_PLAN). A GPU runs morefor name, module, b, c, hw in calls:
- (token_clustering.TRACE_PLAN). A GPU runs more    analytic[name].update(dpc_knn_flops(module, b, c, hw))
- (token_clustering.TRACE_PLAN). A GPU runs morefor name in reducers:
- (token_clustering.TRACE_PLAN). A GPU runs more    delta = Counter(analytic[name])
- (token_clustering.TRACE_PLAN). A GPU runs more    delta.subtract(per_module.get(name, Counter()))
- (token_clustering.TRACE_PLAN). A GPU runs more    parts = name.split('.')
- (token_clustering.TRACE_PLAN). A GPU runs more    for i in range(len(parts) + 1):
- (token_clustering.TRACE_PLAN). A GPU runs more        anc = '.'.join(parts[:i])
- (token_clustering.TRACE_PLAN). A GPU runs more        if anc in per_module:
- (token_clustering.TRACE_PLAN). A GPU runs more            per_module[anc].update(delta)
- (token_clustering.TRACE_PLAN). A GPU runs more            per_module[anc] = +per_module[anc]  # drop zeros
- (token_clustering.TRACE_PLAN). A GPU runs more    for sub in list(per_module):
- (token_clustering.TRACE_PLAN). A GPU runs more        if sub.startswith(name + '.'):
- (token_clustering.TRACE_PLAN). A GPU runs more            per_module[sub] = Counter()
+    # Replace the traced count of every DPC-kNN call by the analytic one.
+    reducers = {name for name, *_ in calls}
+    analytic: Dict[str, Counter] = {name: Counter() for name in reducers}
+    for name, module, b, c, hw in calls:
+        analytic[name].update(dpc_knn_flops(module, b, c, hw))
+    for name in reducers:
+        delta = Counter(analytic[name])
+        delta.subtract(per_module.get(name, Counter()))
+        parts = name.split('.')
+        for i in range(len(parts) + 1):
+            anc = '.'.join(parts[:i])
+            if anc in per_module:
+                per_module[anc].update(delta)
+                per_module[anc] = +per_module[anc]  # drop zeros
+        for sub in list(per_module):
+            if sub.startswith(name + '.'):
+                per_module[sub] = Counter()
 
- (token_clustering.TRACE_PLAN). A GPU runs more# Exclusive counts per module -> (part, kind).
- (token_clustering.TRACE_PLAN). A GPU runs moremodules = dict(model.named_modules())
- (token_clustering.TRACE_PLAN). A GPU runs morehas_backbone = 'backbone' in modules
- (token_clustering.TRACE_PLAN). A GPU runs morechildren: Dict[str, List[str]] = {}
- (token_clustering.TRACE_PLAN). A GPU runs morefor name in per_module:
- (token_clustering.TRACE_PLAN). A GPU runs more    if name:
- (token_clustering.TRACE_PLAN). A GPU runs more        parent = name.rsplit('.', 1)[0] if '.' in name else ''
- (token_clustering.TRACE_PLAN). A GPU runs more        children.setdefault(parent, []).append(name)
- (token_clustering.TRACE_PLAN). A GPU runs moreby_part: Dict[str, int] = Counter()
- (token_clustering.TRACE_PLAN). A GPU runs morefor name, counts in per_module.items():
- (token_clustering.TRACE_PLAN). A GPU runs more    own = Counter(counts)
- (token_clustering.TRACE_PLAN). A GPU runs more    for child in children.get(name, ()):
- (token_clustering.TRACE_PLAN). A GPU runs more        own.subtract(per_module[child])
- (token_clustering.TRACE_PLAN). A GPU runs more    part, path = _part_of(name, has_backbone)
- (token_clustering.TRACE_PLAN). A GPU runs more    for op, value in own.items():
- (token_clustering.TRACE_PLAN). A GPU runs more        if not value:
- (token_clustering.TRACE_PLAN). A GPU runs more            continue
- (token_clustering.TRACE_PLAN). A GPU runs more        key = (f'{part}/{_kind(path, modules, op)}'
- (token_clustering.TRACE_PLAN). A GPU runs more               if part == 'backbone' else part)
- (token_clustering.TRACE_PLAN). A GPU runs more        by_part[key] += value
- (token_clustering.TRACE_PLAN). A GPU runs moreorder = [f'backbone/{k}' for k in KINDS] + ['neck', 'heads', 'other']
- (token_clustering.TRACE_PLAN). A GPU runs moreordered = OrderedDict((k, by_part[k]) for k in order if by_part.get(k))
- (token_clustering.TRACE_PLAN). A GPU runs moretotal_ops = +per_module.get('', Counter())
- (token_clustering.TRACE_PLAN). A GPU runs morereturn FlopReport(
- (token_clustering.TRACE_PLAN). A GPU runs more    total=sum(total_ops.values()), by_operator=total_ops,
- (token_clustering.TRACE_PLAN). A GPU runs more    by_part=ordered, by_module=per_module, uncounted_ops=uncounted)
+    # Exclusive counts per module -> (part, kind).
+    modules = dict(model.named_modules())
+    has_backbone = 'backbone' in modules
+    children: Dict[str, List[str]] = {}
+    for name in per_module:
+        if name:
+            parent = name.rsplit('.', 1)[0] if '.' in name else ''
+            children.setdefault(parent, []).append(name)
+    by_part: Dict[str, int] = Counter()
+    for name, counts in per_module.items():
+        own = Counter(counts)
+        for child in children.get(name, ()):
+            own.subtract(per_module[child])
+        part, path = _part_of(name, has_backbone)
+        for op, value in own.items():
+            if not value:
+                continue
+            key = (f'{part}/{_kind(path, modules, op)}'
+                   if part == 'backbone' else part)
+            by_part[key] += value
+    order = [f'backbone/{k}' for k in KINDS] + ['neck', 'heads', 'other']
+    ordered = OrderedDict((k, by_part[k]) for k in order if by_part.get(k))
+    total_ops = +per_module.get('', Counter())
+    return FlopReport(
+        total=sum(total_ops.values()), by_operator=total_ops,
+        by_part=ordered, by_module=per_module, uncounted_ops=uncounted)
 
 
 def count_flops(model: nn.Module, shape: Sequence[int]) -> Counter:
- (token_clustering.TRACE_PLAN). A GPU runs more"""FLOPs of one ``model(x)`` with ``x`` of ``shape``, by operator."""
- (token_clustering.TRACE_PLAN). A GPU runs morewas_training = model.training
- (token_clustering.TRACE_PLAN). A GPU runs moremodel.eval()
- (token_clustering.TRACE_PLAN). A GPU runs moretry:
- (token_clustering.TRACE_PLAN). A GPU runs more    gen = torch.Generator().manual_seed(0)
- (token_clustering.TRACE_PLAN). A GPU runs more    x = torch.rand(*shape, generator=gen)
- (token_clustering.TRACE_PLAN). A GPU runs more    return analyze_flops(model, x).by_operator
- (token_clustering.TRACE_PLAN). A GPU runs morefinally:
- (token_clustering.TRACE_PLAN). A GPU runs more    model.train(was_training)
+    """FLOPs of one ``model(x)`` with ``x`` of ``shape``, by operator."""
+    was_training = model.training
+    model.eval()
+    try:
+        gen = torch.Generator().manual_seed(0)
+        x = torch.rand(*shape, generator=gen)
+        return analyze_flops(model, x).by_operator
+    finally:
+        model.train(was_training)
