@@ -499,3 +499,42 @@ def test_benchmark_fp16_on_cpu_fails_clearly():
     assert proc.returncode != 0
     assert '--amp fp16 needs --device cuda' in proc.stdout
     assert 'Traceback' not in proc.stdout
+
+
+# --------------------------------------------------------------------------
+# tools/analysis/train_speed.py
+def _train_speed(args, tmp_path, check=True):
+    return run_tool(['tools/analysis/train_speed.py', *args, '--work-dir',
+                     str(tmp_path)], check=check)
+
+
+def test_train_speed_times_the_asked_input_size(tiny_data, tmp_path):
+    """Every image reaches the model at exactly --input-size (the embedded
+    COCO images are smaller and of other shapes), --batch per iteration,
+    --iters timed iterations after --warmup."""
+    out = tmp_path / 'speed.json'
+    proc = _train_speed(['configs/clustr/mask-rcnn_clustr-t_fpn_embedded-coco.py',
+                         '--input-size', '320x256', '--batch', '2',
+                         '--iters', '2', '--warmup', '1', '--out', str(out)],
+                        tmp_path)
+    line = [ln for ln in proc.stdout.splitlines()
+            if ln.startswith('[train-speed] {')]
+    result = json.loads(line[-1].split(' ', 1)[1])
+    assert result == json.loads(out.read_text())
+    assert result['image_shape'] == [256, 320], result
+    assert result['batch'] == 2 and result['iters'] == 2, result
+    assert len(result['s_per_iter_all']) == 2
+    assert min(result['s_per_iter_all']) <= result['s_per_iter'] <= max(
+        result['s_per_iter_all'])
+    assert result['peak_mem_mb'] > 0
+
+
+def test_train_speed_clear_errors(tmp_path):
+    bad = _train_speed(['configs/clustr/clustr-t_embedded-imagenet.py',
+                        '--input-size', '224'], tmp_path, check=False)
+    assert bad.returncode != 0 and '--input-size takes WxH' in bad.stdout
+    # mmpretrain crops instead of resizing: nothing to set, said so
+    none = _train_speed(['configs/clustr/clustr-t_embedded-imagenet.py',
+                         '--input-size', '224x224'], tmp_path, check=False)
+    assert none.returncode != 0
+    assert 'cannot be set' in none.stdout, none.stdout[-2000:]
