@@ -464,6 +464,31 @@ def test_benchmark_train_step_bf16_cpu(tmp_path):
     assert row[2] == '2' and float(row[4]) > 0 and float(row[6]) > 0
 
 
+@pytest.mark.skipif(
+    tuple(int(v) for v in torch.__version__.split('+')[0].split('.')[:2])
+    < (2, 4), reason='compile of the backbones is tested from torch 2.4 on '
+    '(tests/test_graph_ready.py)')
+def test_benchmark_compiled_model(tmp_path):
+    """--compile times the compiled model: one whole graph, after a warm-up
+    that takes the compilation."""
+    out = tmp_path / 'bench.json'
+    proc = run_tool([BENCHMARK, '--compile', 'default', '--runs', '1',
+                     '--models', 'paca-t', '--sizes', '64', '--threads', '2',
+                     '--out', str(out)], timeout=600)
+    assert 'compile default' in proc.stdout.splitlines()[0]
+    (r, ) = json.loads(out.read_text())
+    assert 'error' not in r, r
+    assert r['compile'] == 'default' and r['warmup'] == 3, r
+    assert r['compiled_graphs'] == 1, r
+    assert r['latency_s'] > 0
+
+
+def test_benchmark_compile_refuses_eager_only_modes():
+    proc = run_tool([BENCHMARK, '--compile', 'default', '--census'],
+                    check=False)
+    assert proc.returncode != 0 and '--census' in proc.stdout
+
+
 def test_benchmark_ratios_to_pvtv2():
     tool = _load_tool('benchmark')
     table = tool.Table(tool.parse_args(['--train-step']))

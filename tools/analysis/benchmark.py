@@ -39,6 +39,11 @@ is polluted by an earlier one. Peers come from the installed mmdet.
 - With ``--device cuda``, ``--amp`` or ``--train-step`` the table gives img/s
   and peak memory for inference and training, then each model's img/s
   relative to ``pvtv2-b2`` at the same size; otherwise latency in seconds.
+- ``--compile MODE``: time ``torch.compile(model, mode=MODE,
+  fullgraph=True, dynamic=False)`` (``reduce-overhead`` records CUDA graphs
+  on a GPU); the warm-up (default 3 then) takes the compilation, the JSON
+  gives ``compiled_graphs`` (1 per model and train/eval mode when nothing
+  breaks the graph).
 - ``--census``: no timing; ``clustr_mm.analysis.op_census`` of one eval
   forward after a warm-up one: the ops (about the kernel launches on a GPU),
   the host syncs and the most frequent ops. ClusTR's clustering runs its
@@ -230,8 +235,13 @@ def measure(name, size, args):
     model = build(name).to(args.device)
     x = torch.randn(args.batch, 3, *size, device=args.device)
     result = dict(model=name, size=f'{size[0]}x{size[1]}', batch=args.batch,
-                  threads=args.threads)
+                  threads=args.threads, compile=args.compile)
     result['params_m'] = sum(p.numel() for p in model.parameters()) / 1e6
+    if args.compile != 'none':
+        torch._dynamo.reset()
+        model = torch.compile(
+            model, mode=None if args.compile == 'default' else args.compile,
+            fullgraph=True, dynamic=False)
 
     def forward():
         with autocast(args):
@@ -290,14 +300,27 @@ def measure(name, size, args):
         result.update(train_step_s=statistics.median(runs),
                       train_runs_s=runs, peak_train_mem_mb=peak)
         result['train_img_s'] = args.batch / result['train_step_s']
+    if args.compile != 'none':
+        result['compiled_graphs'] = compiled_graphs()
     return result
+
+
+def compiled_graphs():
+    """Graphs dynamo compiled in this process (one per model and mode with
+    fullgraph=True); None where torch keeps no such counter."""
+    try:
+        from torch._dynamo.utils import counters
+        return int(counters['stats']['unique_graphs'])
+    except (ImportError, KeyError, TypeError):
+        return None
 
 
 def run_child(name, size, args):
     cmd = [sys.executable, osp.abspath(__file__), '--worker', name,
            f'{size[0]}x{size[1]}', '--batch', str(args.batch), '--threads',
            str(args.threads), '--runs', str(args.runs), '--warmup',
-           str(args.warmup), '--device', args.device, '--amp', args.amp]
+           str(args.warmup), '--device', args.device, '--amp', args.amp,
+           '--compile', args.compile]
     cmd += [f'--{f}' for f in ('train-step', 'flops', 'breakdown', 'census')
             if getattr(args, f.replace('-', '_'))]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
@@ -326,7 +349,8 @@ def run_info(args, argv):
     # a census counts one forward after one warm-up
     calls = (1, 1) if args.census else (args.warmup, args.runs)
     return dict(device=args.device, device_name=device_name,
-                torch=torch.__version__, amp=args.amp, warmup=calls[0],
+                torch=torch.__version__, amp=args.amp,
+                compile=args.compile, warmup=calls[0],
                 runs=calls[1], command=shlex.join(['python', *argv]))
 
 
@@ -427,6 +451,11 @@ def parse_args(argv):
                         help='autocast dtype for forward and loss')
     parser.add_argument('--train-step', action='store_true',
                         help='also time forward + backward + AdamW step')
+    parser.add_argument('--compile', default='none',
+                        choices=('none', 'default', 'reduce-overhead',
+                                 'max-autotune'),
+                        help='torch.compile(fullgraph=True, dynamic=False) '
+                        'with this mode (reduce-overhead: CUDA graphs)')
     parser.add_argument('--census', action='store_true',
                         help='instead of timing: aten ops and host syncs of '
                         'one eval forward (the GPU code path on any device)')
@@ -446,7 +475,9 @@ def parse_args(argv):
     args = parser.parse_args(argv)
 
     if args.warmup is None:
-        args.warmup = 2 if args.device == 'cuda' else 1
+        # compiling and CUDA-graph recording take the first calls
+        args.warmup = (3 if args.compile != 'none' else
+                       2 if args.device == 'cuda' else 1)
     if args.runs < 1 or args.warmup < 0 or args.batch < 1:
         parser.error('--runs and --batch must be >= 1, --warmup >= 0')
     if args.census:
@@ -456,6 +487,13 @@ def parse_args(argv):
             parser.error('--census counts the ops of one eval forward; it '
                          'does not combine with ' +
                          ', '.join('--' + f.replace('_', '-') for f in clash))
+    if args.compile != 'none':
+        clash = [f for f in ('census', 'flops', 'breakdown')
+                 if getattr(args, f)]
+        if clash:
+            parser.error('--compile times the compiled model; ' +
+                         ', '.join('--' + f for f in clash) +
+                         ' need the eager one (run them without --compile)')
     if args.amp == 'fp16' and args.device == 'cpu':
         parser.error('--amp fp16 needs --device cuda (fp16 training needs a '
                      'CUDA GradScaler); on the CPU use --amp bf16')
@@ -485,6 +523,7 @@ def main(argv=None):
     info = run_info(args, argv)
     print(f'device: {info["device"]} ({info["device_name"]}) | torch '
           f'{info["torch"]} | batch {args.batch} | amp {args.amp} | '
+          f'compile {args.compile} | '
           f'warm-up {info["warmup"]}, runs {info["runs"]} | threads '
           f'{args.threads}')
     print(f'command: {info["command"]}')

@@ -33,7 +33,7 @@ class ClusteringPlan(NamedTuple):
 # up to 1 GiB fp32 and one padded call per stage (batch 2 at 800 x 1344:
 # stage 1 in two blocks). CPUs: work and cache misses are what cost, so
 # 4 MB blocks that stay in cache, no padded work and the blocked kNN
-# (measured on 2 cores: 2-4x faster clustering than the accelerator plan).
+# (measured on 2 cores: 1.5-4x faster clustering than the accelerator plan).
 ACCELERATOR_PLAN = ClusteringPlan(1 << 28, True, False)
 CPU_PLAN = ClusteringPlan(1 << 20, False, True)
 # Under torch.jit.trace (FLOP counters, export): no padding, no split blocks,
