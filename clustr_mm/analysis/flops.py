@@ -150,7 +150,7 @@ def dpc_knn_flops(reducer: nn.Module, batch: int, channels: int,
     h, w = int(hw[0]), int(hw[1])
     layout = WindowLayout((h, w), reducer.window_size, reducer.sr_ratio,
                           reducer.scale_factors)
-    todo = [s for s, ident in enumerate(layout.identity) if not ident]
+    todo = layout.clustered
     out = Counter(dict.fromkeys(CLUSTERING_OPS, 0))
     if not todo:
         return out

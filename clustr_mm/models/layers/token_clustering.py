@@ -269,8 +269,8 @@ def _assign_stacked(x: torch.Tensor, layout: WindowLayout, k: int,
     b, n_tok, c = x.shape
     h, w = layout.hw
     budget = max_chunk_elems or layout.plan.max_chunk_elems
-    todo = [s for s, ident in enumerate(layout.identity) if not ident]
-    consts = layout.window_batch(b, todo, c)
+    todo = layout.clustered
+    consts = layout.window_batch(b, c)
     with torch.autocast(x.device.type, enabled=False):
         grid = x.float().reshape(b, h, w, c)
         outs = []
@@ -318,14 +318,20 @@ def dpc_knn_assign(x: torch.Tensor, layout: WindowLayout, k: int = 5,
         window by window (row-major), by center score inside a window.
         Identity scales get ``arange(N)``.
     """
-    b = x.shape[0]
+    stacked = None
+    if layout.clustered and x.shape[0]:
+        stacked = _assign_stacked(x, layout, k, max_chunk_elems)
+    return _ids_per_scale(layout, x.shape[0], stacked)
+
+
+def _ids_per_scale(layout: WindowLayout, b: int,
+                   stacked: Optional[torch.Tensor]) -> List[torch.Tensor]:
+    """Per scale, (B, N) ids: rows of ``stacked`` (S', B, N) for the
+    clustered scales, ``arange(N)`` for the identity ones."""
     ids = [layout.token_ids.expand(b, -1)] * len(layout.identity)
-    if all(layout.identity) or b == 0:
-        return ids
-    stacked = _assign_stacked(x, layout, k, max_chunk_elems)
-    todo = [s for s, ident in enumerate(layout.identity) if not ident]
-    for i, s in enumerate(todo):
-        ids[s] = stacked[i]
+    if stacked is not None:
+        for i, s in enumerate(layout.clustered):
+            ids[s] = stacked[i]
     return ids
 
 
@@ -442,16 +448,15 @@ class DPCKNNClustering(nn.Module):
         """
         layout = self.layout(hw, x.device)
         b = x.shape[0]
-        todo = [s for s, ident in enumerate(layout.identity) if not ident]
-        ids = [layout.token_ids.expand(b, -1)] * len(layout.identity)
+        todo = layout.clustered
         if not b:  # empty batch (a size, not data: no sync)
-            return [x.new_zeros(0, m, x.shape[2]) for m in layout.totals], ids
+            return ([x.new_zeros(0, m, x.shape[2]) for m in layout.totals],
+                    _ids_per_scale(layout, 0, None))
         stacked = None
         if todo:
             stacked = _assign_stacked(x.detach(), layout, self.k,
                                       self.max_chunk_elems)
-            for i, s in enumerate(todo):
-                ids[s] = stacked[i]
+        ids = _ids_per_scale(layout, b, stacked)
         if self.record_assignments:
             self.assignments = ids
         with torch.autocast(x.device.type, enabled=False):
@@ -462,7 +467,7 @@ class DPCKNNClustering(nn.Module):
             # weighted tokens themselves, normalised along with the rest.
             sums, sizes = [], []
             if stacked is not None:
-                consts = layout.window_batch(b, todo, c)
+                consts = layout.window_batch(b, c)
                 totals = [layout.totals[s] for s in todo]
                 sums.append(_cluster_sums(stacked, weighted,
                                           consts.merge_rows,

@@ -157,6 +157,7 @@ class WindowLayout:
         counts: Per scale, the clusters of each window.
         totals: Number of clusters per scale.
         identity: Per scale, whether every token is its own cluster.
+        clustered: The scales that are not the identity (in order).
         offsets: (S, nWin) id of each window's first cluster, per scale.
         groups: The :class:`WindowGroup` calls: one (border windows padded)
             or, without ``plan.pad_windows``, one per window shape (up to 4).
@@ -181,6 +182,8 @@ class WindowLayout:
                                 for n in self.tokens])
         self.totals = [sum(c) for c in self.counts]
         self.identity = [c == self.tokens for c in self.counts]
+        self.clustered = [s for s, ident in enumerate(self.identity)
+                          if not ident]
         offsets = [[sum(c[:i]) for i in range(len(c))] for c in self.counts]
         self.offsets = torch.tensor(offsets, dtype=torch.long, device=device)
         if self.plan.pad_windows:
@@ -211,19 +214,19 @@ class WindowLayout:
             base += len(grp.index) * sh * sw
         self.token_pos = None if gh * gw == 1 else slot.flatten()
         self.token_ids = torch.arange(h * w, device=device)
-        self._batches: Dict[Tuple[int, Tuple[int, ...], int], LayoutBatch] = {}
+        self._batches: Dict[Tuple[int, int], LayoutBatch] = {}
 
-    def window_batch(self, batch: int, todo: Sequence[int],
-                     channels: int) -> LayoutBatch:
-        """Constants for ``batch`` images of ``channels``, scales ``todo``."""
-        key = (batch, tuple(todo), channels)
+    def window_batch(self, batch: int, channels: int) -> LayoutBatch:
+        """Constants for ``batch`` images of ``channels``, for the
+        :attr:`clustered` scales."""
+        key = (batch, channels)
         if key in self._batches:
             return self._batches[key]
         dev = self.device
         inf = torch.tensor(float('inf'), device=dev)
-        groups = tuple(self._group_batch(grp, batch, todo, inf)
+        groups = tuple(self._group_batch(grp, batch, inf)
                        for grp in self.groups)
-        totals = [self.totals[s] for s in todo]
+        totals = [self.totals[s] for s in self.clustered]
         consts = LayoutBatch(
             groups, merge_rows(batch, totals, dev),
             torch.zeros(batch * sum(totals), channels + 1, device=dev))
@@ -231,10 +234,11 @@ class WindowLayout:
             self._batches[key] = consts
         return consts
 
-    def _group_batch(self, grp: WindowGroup, batch: int, todo: Sequence[int],
+    def _group_batch(self, grp: WindowGroup, batch: int,
                      inf: torch.Tensor) -> WindowBatch:
-        (h, w), (sh, sw), (gh, gw) = self.hw, grp.window, grp.grid
+        (sh, sw), (gh, gw) = grp.window, grp.grid
         (r0, r1), (c0, c1) = grp.rows, grp.cols
+        todo = self.clustered
         dev, n = self.device, sh * sw
         positions = torch.arange(n, device=dev)
         invalid = knn_scale = center_valid = None
