@@ -1,4 +1,9 @@
-"""Shared fixtures: the repo root, the tiny data, and running the real tools."""
+"""Shared fixtures: the repo root, the tiny data, and running the real tools.
+
+A test that starts a tool (:func:`run_tool`) must be marked
+``@pytest.mark.slow`` (markers: pytest.ini), so that ``pytest -m "not slow"``
+stays the fast loop; :func:`run_tool` refuses to run in an unmarked test.
+"""
 import json
 import os
 import subprocess
@@ -8,6 +13,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+_current_test = None
+
+
+@pytest.fixture(autouse=True)
+def _remember_test(request):
+    """The running test's node, for :func:`run_tool`'s marker check."""
+    global _current_test
+    _current_test = request.node
+    yield
+    _current_test = None
 
 
 @pytest.fixture(scope='session')
@@ -19,6 +35,10 @@ def tiny_data():
 
 def run_tool(args, timeout=600, env=None, check=True, python=True):
     """Run a repo tool as a user would (cwd = repo root); return the output."""
+    if _current_test is not None and not _current_test.get_closest_marker(
+            'slow'):
+        pytest.fail(f'{_current_test.nodeid} starts a tool ({args[0]}): mark '
+                    'it @pytest.mark.slow so `pytest -m "not slow"` stays fast')
     cmd = [sys.executable, *args] if python else list(args)
     full_env = dict(os.environ, PYTHONUNBUFFERED='1',
                     PYTHON=sys.executable, OMP_NUM_THREADS='2')

@@ -177,6 +177,7 @@ def test_get_flops_libraries(config, shape, parts):
         assert r['input'][2:] == [128, 96]  # the codec's input size (H, W)
 
 
+@pytest.mark.slow
 def test_get_flops_cli(tmp_path):
     out = tmp_path / 'flops.json'
     proc = run_tool(['tools/analysis/get_flops.py',
@@ -259,6 +260,7 @@ def test_palette_distinct():
     assert tuple(tool.UNASSIGNED) not in {tuple(c) for c in palette}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('config,kind', [
     ('configs/clustr/clustr-t_embedded-imagenet.py', 'hard'),
     ('configs/paca/paca-t_8xb128_in1k.py', 'soft'),
@@ -335,6 +337,7 @@ def test_get_flops_loads_checkpoint(cls_checkpoint, tmp_path):
         tool.get_flops(config, checkpoint=str(tmp_path / 'other.pth'))
 
 
+@pytest.mark.slow
 def test_get_flops_cli_with_checkpoint(cls_checkpoint, tmp_path):
     path, state = cls_checkpoint
     out = tmp_path / 'flops.json'
@@ -345,6 +348,7 @@ def test_get_flops_cli_with_checkpoint(cls_checkpoint, tmp_path):
     assert json.loads(out.read_text())['checkpoint']['loaded'] == len(state)
 
 
+@pytest.mark.slow
 def test_visualize_clusters_config_checkpoint_order(tiny_data, tmp_path,
                                                     cls_checkpoint):
     tool = _load_tool('visualize_clusters')
@@ -420,6 +424,7 @@ def test_op_census_counts_ops_and_syncs():
     assert census['host_syncs'] == 4
 
 
+@pytest.mark.slow
 def test_benchmark_census(tmp_path):
     out = tmp_path / 'census.json'
     proc = run_tool([BENCHMARK, '--census', '--models', 'clustr-t-window',
@@ -444,6 +449,7 @@ def test_benchmark_census(tmp_path):
         assert f'{top} {r["by_op"][top]}' in line
 
 
+@pytest.mark.slow
 def test_benchmark_train_step_bf16_cpu(tmp_path):
     out = tmp_path / 'bench.json'
     proc = run_tool([BENCHMARK, '--device', 'cpu', '--amp', 'bf16',
@@ -464,6 +470,7 @@ def test_benchmark_train_step_bf16_cpu(tmp_path):
     assert row[2] == '2' and float(row[4]) > 0 and float(row[6]) > 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     tuple(int(v) for v in torch.__version__.split('+')[0].split('.')[:2])
     < (2, 4), reason='compile of the backbones is tested from torch 2.4 on '
@@ -483,6 +490,7 @@ def test_benchmark_compiled_model(tmp_path):
     assert r['latency_s'] > 0
 
 
+@pytest.mark.slow
 def test_benchmark_compile_refuses_eager_only_modes():
     proc = run_tool([BENCHMARK, '--compile', 'default', '--census'],
                     check=False)
@@ -508,6 +516,7 @@ def test_benchmark_ratios_to_pvtv2():
     assert tool.Table(tool.parse_args([])).ratios(rows) == []
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason='a GPU is present')
 def test_benchmark_cuda_without_gpu_fails_clearly():
     proc = run_tool([BENCHMARK, '--device', 'cuda', '--models', 'paca-t',
@@ -517,6 +526,7 @@ def test_benchmark_cuda_without_gpu_fails_clearly():
     assert 'RESULT' not in proc.stdout and 'Traceback' not in proc.stdout
 
 
+@pytest.mark.slow
 def test_benchmark_fp16_on_cpu_fails_clearly():
     proc = run_tool([BENCHMARK, '--amp', 'fp16', '--device', 'cpu',
                      '--models', 'paca-t', '--sizes', '64'], timeout=120,
@@ -533,6 +543,7 @@ def _train_speed(args, tmp_path, check=True):
                      str(tmp_path)], check=check)
 
 
+@pytest.mark.slow
 def test_train_speed_times_the_asked_input_size(tiny_data, tmp_path):
     """Every image reaches the model at exactly --input-size (the embedded
     COCO images are smaller and of other shapes), --batch per iteration,
@@ -554,6 +565,7 @@ def test_train_speed_times_the_asked_input_size(tiny_data, tmp_path):
     assert result['peak_mem_mb'] > 0
 
 
+@pytest.mark.slow
 def test_train_speed_clear_errors(tmp_path):
     bad = _train_speed(['configs/clustr/clustr-t_embedded-imagenet.py',
                         '--input-size', '224'], tmp_path, check=False)

@@ -16,6 +16,8 @@ import clustr_mm  # noqa: F401
 from clustr_mm.checkpoints import safe_pickle
 from clustr_mm.checkpoints.loading import read_checkpoint
 
+pytestmark = pytest.mark.torch21
+
 
 class CreatesFileOnLoad:
     """Unpickling this calls os.system: what a malicious checkpoint does."""
@@ -59,6 +61,7 @@ def test_pretrained_init_refuses_code(crafted):
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_converter_and_test_tool_refuse_code(crafted, tiny_data, tmp_path):
     path, marker = crafted
     conv = run_tool(['tools/model_converters/clustr_official_to_mm.py',
@@ -254,6 +257,7 @@ def test_detection_falls_back_where_torch_lacks_the_tuple_form(monkeypatch):
         ser.add_safe_globals(registered)
 
 
+@pytest.mark.slow
 def test_resume_under_forced_restricted_mode(tiny_data, tmp_path):
     """The fallback path end to end: train, resume (runner checkpoint through
     the restricted unpickler) and refuse a crafted checkpoint in tools/test.py."""

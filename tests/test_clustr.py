@@ -20,6 +20,8 @@ from clustr_mm.models.layers.token_clustering import (DPCKNNClustering,
 from clustr_mm.models.layers.window_layout import (ACCELERATOR_PLAN, CPU_PLAN,
                                                    WindowLayout)
 
+pytestmark = pytest.mark.torch21
+
 REPO = Path(__file__).resolve().parents[1]
 torch.set_num_threads(2)
 
@@ -371,6 +373,7 @@ def to_official(state_dict):
     return official
 
 
+@pytest.mark.slow
 def test_converter_round_trip(tmp_path):
     torch.manual_seed(10)
     model = ClusTR('tiny').eval()
@@ -419,6 +422,7 @@ def test_converter_round_trip(tmp_path):
     torch.testing.assert_close(logits, expected)
 
 
+@pytest.mark.slow
 def test_converter_reports_mismatches(tmp_path):
     official = to_official(ClusTR('tiny').state_dict())
     official.pop('norm4.weight')

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.torch21
+
 ROOT = Path(__file__).resolve().parents[1]
 # Written by tools/setup_env.sh into the venv it made; absent elsewhere.
 STACK_FILE = Path(sys.prefix) / '.clustr_mm_stack'
@@ -73,6 +75,7 @@ def test_reimport_does_not_fail_registration():
 
 # --- Supported ranges (setup.py) and the clear errors of clustr_mm.env_check.
 
+@pytest.mark.slow
 def test_setup_py_states_ranges_not_pins():
     """setup.py requires what the code needs; the pins live in requirements/."""
     out = subprocess.run(
@@ -105,6 +108,7 @@ def test_parse_version(text, parsed):
         parse_version('2.1.0') < parse_version('2.2.0')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('dist,fake,needed', [
     ('torch', '1.13.1', '>= 2.0'), ('mmengine', '1.0.0', '>= 0.8 and < 1.0'),
     ('mmengine', '0.7.4', '>= 0.8 and < 1.0')])
@@ -135,6 +139,7 @@ def test_check_refuses_numpy_torch_mismatch(monkeypatch):
         env_check.check_numpy_torch()
 
 
+@pytest.mark.slow
 def test_detection_without_mmcv_ops_is_a_clear_error(tiny_data, tmp_path):
     """tools/train.py on a detection config with mmcv-lite (no mmcv._ext):
     our message, before mmdet's models fail to import deep inside mmcv."""

@@ -11,6 +11,8 @@ from mmengine.runner import Runner
 
 import clustr_mm  # noqa: F401
 
+pytestmark = pytest.mark.slow
+
 DOWNSTREAM = {
     'mmdet': 'configs/clustr/mask-rcnn_clustr-t_fpn_embedded-coco.py',
     'mmseg': 'configs/clustr/fpn_clustr-t_embedded-ade20k.py',

@@ -18,6 +18,8 @@ from clustr_mm.models.backbones.clustr import ClusTR
 from clustr_mm.models.layers.window_layout import (ACCELERATOR_PLAN, CPU_PLAN,
                                                    planned_as)
 
+pytestmark = pytest.mark.torch21
+
 torch.set_num_threads(2)
 
 # ClusTR-S's depths, heads and ratios at a quarter of its width: the op

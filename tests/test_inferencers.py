@@ -18,6 +18,8 @@ from PIL import Image
 
 import clustr_mm  # noqa: F401  (allow-lists runner checkpoint types)
 
+pytestmark = pytest.mark.slow
+
 DET_CFG = 'configs/clustr/mask-rcnn_clustr-t_fpn_embedded-coco.py'
 SEG_CFG = 'configs/clustr/fpn_clustr-t_embedded-ade20k.py'
 POSE_CFG = 'configs/clustr/td-hm_clustr-t_embedded-coco-wholebody.py'

@@ -13,6 +13,8 @@ from clustr_mm.models.backbones.paca import PaCaViT
 from clustr_mm.checkpoints.loading import load_backbone_state
 from clustr_mm.checkpoints.paca_official import convert_paca_official
 
+pytestmark = pytest.mark.torch21
+
 # Narrow stand-in for the real archs; heads (2, 4, 8, 16) like the official
 # models so the converter's head assumption holds.
 ARCH = dict(embed_dims=(16, 32, 64, 64), num_heads=(2, 4, 8, 16),

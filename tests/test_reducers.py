@@ -23,6 +23,8 @@ from clustr_mm.models.layers.token_clustering import (dpc_knn_assign,
                                                       merge_tokens)
 from clustr_mm.models.layers.window_layout import WindowLayout
 
+pytestmark = pytest.mark.torch21
+
 ROOT = Path(__file__).resolve().parents[1]
 torch.set_num_threads(2)
 

@@ -98,6 +98,7 @@ def _images(n=3, seed=1):
 # 5a. Same seed, same losses.
 
 
+@pytest.mark.slow
 def test_same_seed_gives_identical_losses_and_weights(tiny_data, tmp_path):
     opts = ['--cfg-options', 'train_cfg.max_epochs=1',
             'train_cfg.val_interval=100', 'train_cfg.val_begin=100',
@@ -126,6 +127,7 @@ torch.save({name: _forward(_build(name), _images()) for name in BACKBONES},
 """
 
 
+@pytest.mark.slow
 def test_eval_outputs_identical_across_runs(tmp_path):
     """Another process builds the same seeded backbones and evaluates the
     same images: outputs and assignments are bit-identical to this one's
@@ -217,6 +219,7 @@ def test_bf16_paca_outputs_within_tolerance():
 
 # --------------------------------------------------------------------------
 # 5d. No NaN in the first iterations (the full 100 are run by hand, README).
+@pytest.mark.slow
 @pytest.mark.parametrize('config', [CLS_CONFIG,
                                     'configs/paca/paca-t_embedded-imagenet.py'])
 @pytest.mark.parametrize('amp', [None, 'bf16'])
@@ -235,6 +238,7 @@ def test_nan_check_passes(config, amp, tiny_data, tmp_path):
     assert result['linear_dtype'] == dtype, result
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason='CPU-only refusal')
 def test_nan_check_refuses_fp16_without_gpu(tmp_path):
     proc = run_tool(['tools/analysis/nan_check.py', CLS_CONFIG, '--amp',
@@ -243,6 +247,7 @@ def test_nan_check_refuses_fp16_without_gpu(tmp_path):
     assert '--amp fp16 needs a GPU' in proc.stdout
 
 
+@pytest.mark.slow
 def test_nan_check_names_the_failing_iteration(tiny_data, tmp_path):
     proc = run_tool(['tools/analysis/nan_check.py', CLS_CONFIG, '--iters',
                      '5', '--work-dir', str(tmp_path), '--cfg-options',
@@ -255,6 +260,7 @@ def test_nan_check_names_the_failing_iteration(tiny_data, tmp_path):
 
 # --------------------------------------------------------------------------
 # 6a. Memory over a run.
+@pytest.mark.slow
 def test_memory_does_not_grow_after_warmup(tiny_data, tmp_path):
     out = run_tool(['tools/analysis/memory_soak.py', CLS_CONFIG, '--iters',
                     '60', '--warmup', '20', '--work-dir', str(tmp_path),
@@ -276,6 +282,7 @@ def _rank_losses(work_dir, rank):
     return [json.loads(ln) for ln in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_two_process_run_matches_one_process_run(tiny_data, tmp_path):
     """DDP averages the gradients of the two halves of each global batch,
     which is the gradient of the mean loss over the whole batch; so with a

@@ -11,6 +11,8 @@ from conftest import ROOT, logged_losses, run_tool
 
 import clustr_mm  # noqa: F401  (allow-lists runner checkpoint types)
 
+pytestmark = pytest.mark.slow
+
 # Every task family, each backbone at least once:
 # name -> (config, cfg-options that keep the run to seconds, metric of test.py)
 EPOCH_1 = ['train_cfg.max_epochs=1', 'train_cfg.val_interval=1']
@@ -44,7 +46,10 @@ def _metrics(output):
     return dict(re.findall(r'([\w/.-]+)=([-\d.e]+)', line[-1].split(': ', 1)[1]))
 
 
-@pytest.mark.parametrize('family', sorted(FAMILIES))
+@pytest.mark.parametrize('family', [
+    # the detection run also runs on the torch 2.1 stack (mmcv ops, RoIAlign)
+    pytest.param(f, marks=pytest.mark.torch21) if f == 'mask-rcnn-clustr'
+    else f for f in sorted(FAMILIES)])
 def test_train_then_test(family, tiny_data, tmp_path):
     config, options, metric = FAMILIES[family]
     work_dir = tmp_path / family
