@@ -23,7 +23,12 @@ Tolerances (also in README.md, "Reliability"):
   ~lr whatever the rounding) and 1e-4 relative L2 (measured 1.4e-6).
 """
 import json
+import os
 import re
+import signal
+import stat
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -324,3 +329,245 @@ def test_two_process_run_matches_one_process_run(tiny_data, tmp_path):
                for k in wa) / sum(float(v.float().square().sum())
                                   for v in wa.values()))**0.5
     assert rel < DIST_WEIGHT_REL_TOL, rel
+
+
+# --------------------------------------------------------------------------
+# Nothing passes silently: divergence, resume, checkpoint files, AMP.
+from mmengine.hooks import CheckpointHook  # noqa: E402
+from mmengine.model import BaseModel  # noqa: E402
+from mmengine.runner import Runner  # noqa: E402
+from mmengine.runner.priority import get_priority  # noqa: E402
+
+from clustr_mm.engine.fail_fast_hook import (DivergedError,  # noqa: E402
+                                             FailFastHook)
+
+PACA_CONFIG = 'configs/paca/paca-t_embedded-imagenet.py'
+
+
+class _ToyModel(BaseModel):
+    """y = w.x with an MSE loss; ``poison`` makes the loss of iteration
+    ``at`` (1-based) NaN, or sets the unused ``spare`` weight to NaN."""
+
+    def __init__(self, poison=None, at=3):
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 1)
+        self.spare = torch.nn.Parameter(torch.zeros(1))
+        self.poison, self.at, self.calls = poison, at, 0
+
+    def forward(self, inputs, targets=None, mode='loss'):
+        self.calls += 1
+        loss = (self.linear(inputs).squeeze(1) - targets).square().mean()
+        if self.calls == self.at and self.poison == 'loss':
+            loss = loss * float('nan')
+        if self.calls == self.at and self.poison == 'weight':
+            with torch.no_grad():
+                self.spare.fill_(float('nan'))
+        return dict(loss=loss)
+
+
+def _toy_runner(tmp_path, model, by_epoch=True, **checkpoint):
+    data = [dict(inputs=torch.randn(2), targets=torch.randn(())) for _ in
+            range(8)]
+    train_cfg = (dict(by_epoch=True, max_epochs=2) if by_epoch else
+                 dict(by_epoch=False, max_iters=8))
+    return Runner(
+        model=model, work_dir=str(tmp_path),
+        train_dataloader=dict(dataset=data, batch_size=2,
+                              sampler=dict(type='DefaultSampler',
+                                           shuffle=False),
+                              collate_fn=dict(type='default_collate')),
+        train_cfg=train_cfg,
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01)),
+        default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1,
+                                           by_epoch=by_epoch, **checkpoint)),
+        custom_hooks=[dict(type='FailFastHook')])
+
+
+def test_fail_fast_hook_runs_before_the_checkpoint_hook():
+    assert get_priority(FailFastHook.priority) < get_priority(
+        CheckpointHook.priority)
+
+
+@pytest.mark.parametrize('by_epoch', [True, False])
+def test_nan_loss_stops_before_the_checkpoint_of_its_iteration(tmp_path,
+                                                               by_epoch):
+    """Iteration 3's loss is NaN: the run stops there, naming it, and no
+    checkpoint holds that iteration (iteration-based: iter_1/iter_2 only;
+    epoch-based: none, epoch 1 has 4 iterations)."""
+    runner = _toy_runner(tmp_path, _ToyModel('loss', at=3), by_epoch)
+    with pytest.raises(DivergedError, match=r'iteration 3\b.*loss=nan'):
+        runner.train()
+    saved = sorted(p.name for p in tmp_path.glob('*.pth'))
+    assert saved == ([] if by_epoch else ['iter_1.pth', 'iter_2.pth'])
+
+
+def test_nonfinite_weights_are_never_saved(tmp_path):
+    runner = _toy_runner(tmp_path, _ToyModel('weight', at=2))
+    with pytest.raises(DivergedError, match=r'parameters spare are not '
+                       r'finite; the checkpoint was not saved'):
+        runner.train()
+    assert not list(tmp_path.glob('*.pth'))
+
+
+def test_checkpoint_option_typo_fails_before_training(tmp_path):
+    model = _ToyModel()
+    runner = _toy_runner(tmp_path, model, max_keep_ckpt=2)
+    with pytest.raises(TypeError, match=r"unknown option 'max_keep_ckpt' "
+                       r"\(did you mean 'max_keep_ckpts'\?\)"):
+        runner.train()
+    assert model.calls == 0
+
+
+@pytest.mark.slow  # ~20 s: parses every config with its library bases
+def test_every_shipped_config_has_the_run_hooks():
+    """Every config stops on a non-finite loss before saving and resumes its
+    random streams, whichever tool runs it (MMEngine's own tools too)."""
+    from mmengine.config import Config
+
+    from clustr_mm.engine.launch import RUN_HOOKS
+    configs = sorted((ROOT / 'configs').glob('*/*.py'))
+    assert len(configs) >= 25
+    for path in configs:
+        hooks = [h['type'] for h in Config.fromfile(path).get(
+            'custom_hooks', [])]
+        assert set(RUN_HOOKS) <= set(hooks), (path, hooks)
+        if 'td-hm_' in path.name:  # mmpose's own hook is kept
+            assert 'SyncBuffersHook' in hooks, (path, hooks)
+
+
+@pytest.mark.parametrize('umask', [0o022, 0o027])
+def test_checkpoints_follow_the_umask(tmp_path, umask):
+    from clustr_mm.engine.atomic_io import atomic_write
+    old = os.umask(umask)
+    try:
+        atomic_write(tmp_path / 'epoch_1.pth', b'weights')
+    finally:
+        os.umask(old)
+    mode = stat.S_IMODE(os.stat(tmp_path / 'epoch_1.pth').st_mode)
+    assert mode == 0o666 & ~umask, oct(mode)
+
+
+_SIGTERM_DURING_SAVE = """
+import os, signal, sys
+sys.path.insert(0, '.')
+import clustr_mm.engine.atomic_io as aio
+real_fsync = os.fsync
+def fsync_then_sigterm(fd):  # the signal arrives mid-save, data written
+    real_fsync(fd)
+    assert [n for n in os.listdir(sys.argv[1]) if n.endswith('.tmp')]
+    os.kill(os.getpid(), signal.SIGTERM)
+aio.os.fsync = fsync_then_sigterm
+aio.atomic_write(os.path.join(sys.argv[1], 'epoch_2.pth'), b'x' * 10**6)
+print('not reached')
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_during_a_save_leaves_no_temporary_file(tmp_path):
+    (tmp_path / 'epoch_1.pth').write_bytes(b'previous')
+    proc = run_tool(['-c', _SIGTERM_DURING_SAVE, str(tmp_path)], check=False,
+                    timeout=120)
+    assert proc.returncode == -signal.SIGTERM, proc.stdout
+    assert 'not reached' not in proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['epoch_1.pth']
+
+
+def test_stale_temporary_files_of_dead_processes_are_swept(tmp_path):
+    from clustr_mm.engine.atomic_io import sweep_stale_temporaries
+    dead = subprocess.Popen([sys.executable, '-c', 'pass'])
+    dead.wait()
+    stale = tmp_path / f'.epoch_3.pth.{dead.pid}.k2j_x9.tmp'
+    live = tmp_path / f'.epoch_4.pth.{os.getpid()}.a8b_c1.tmp'
+    other = tmp_path / 'notes.tmp'
+    for p in (stale, live, other):
+        p.write_bytes(b'')
+    assert sweep_stale_temporaries(tmp_path) == [str(stale)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [live.name, other.name])
+
+
+def _runner_checkpoint(path, epoch, seed=1234):
+    torch.save(dict(meta=dict(epoch=epoch, iter=4 * epoch, seed=seed),
+                    state_dict={}), path)
+
+
+def test_resume_skips_a_corrupt_latest_checkpoint(tmp_path, capsys):
+    from clustr_mm.engine.resume import choose_resume_checkpoint
+    _runner_checkpoint(tmp_path / 'epoch_1.pth', 1)
+    _runner_checkpoint(tmp_path / 'epoch_2.pth', 2)
+    good = (tmp_path / 'epoch_2.pth').read_bytes()
+    (tmp_path / 'epoch_2.pth').write_bytes(good[:len(good) // 2])
+    (tmp_path / 'last_checkpoint').write_text(str(tmp_path / 'epoch_2.pth'))
+    path, meta = choose_resume_checkpoint(str(tmp_path))
+    assert path == str(tmp_path / 'epoch_1.pth') and meta['epoch'] == 1
+    warning = capsys.readouterr().out
+    assert f'skipping {tmp_path / "epoch_2.pth"} cannot be read' in warning
+    (tmp_path / 'epoch_1.pth').write_text('not a checkpoint')
+    with pytest.raises(ValueError, match=r'none of the checkpoints .* '
+                       r'\(epoch_2.pth, epoch_1.pth\); pass one with '
+                       r'--resume PATH'):
+        choose_resume_checkpoint(str(tmp_path))
+
+
+def _train_module():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('train_tool',
+                                                  ROOT / 'tools' / 'train.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_resume_restores_the_recorded_seed_before_the_runner_exists(
+        tmp_path):
+    from mmengine.config import Config
+    train = _train_module()
+    _runner_checkpoint(tmp_path / 'epoch_3.pth', 3, seed=987)
+    cfg = Config(dict(work_dir=str(tmp_path),
+                      randomness=dict(seed=None, deterministic=False)))
+    train.resume(cfg, 'auto')
+    assert cfg.resume and cfg.load_from == str(tmp_path / 'epoch_3.pth')
+    assert cfg.randomness == dict(seed=987, deterministic=False)
+
+
+def test_explicit_resume_of_an_unusable_file_names_it_and_the_others(
+        tmp_path):
+    from mmengine.config import Config
+    train = _train_module()
+    _runner_checkpoint(tmp_path / 'epoch_1.pth', 1)
+    (tmp_path / 'epoch_2.pth').write_bytes(b'\0' * 100)
+    torch.save({'conv.weight': torch.zeros(1)}, tmp_path / 'weights.pth')
+    cfg = Config(dict(work_dir=str(tmp_path)))
+    with pytest.raises(ValueError, match=rf'--resume: {tmp_path}/epoch_2.pth '
+                       r'cannot be read as a checkpoint: not a torch.save '
+                       r'archive .*Pick another with '
+                       r'--resume PATH; other checkpoints there: epoch_1.pth'):
+        train.resume(cfg, str(tmp_path / 'epoch_2.pth'))
+    with pytest.raises(ValueError, match=r'weights.pth is not a checkpoint of '
+                       r'a training run .* load_from=PATH'):
+        train.resume(cfg, str(tmp_path / 'weights.pth'))
+
+
+def test_cpu_amp_wrapper_trains_in_bf16():
+    from mmengine.config import Config
+    from mmengine.optim import build_optim_wrapper
+
+    from clustr_mm.engine.amp import use_amp
+    model = torch.nn.Linear(4, 2)
+    cfg = Config(dict(optim_wrapper=dict(
+        type='OptimWrapper', optimizer=dict(type='SGD', lr=0.1))))
+    kind = use_amp(cfg)
+    if torch.cuda.is_available():
+        assert kind == 'AmpOptimWrapper'
+        return
+    assert kind == 'CPUAmpOptimWrapper'
+    wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    before = model.weight.detach().clone()
+    with wrapper.optim_context(model):
+        out = model(torch.randn(3, 4))
+    assert out.dtype == torch.bfloat16
+    wrapper.update_params(out.float().square().mean())
+    assert model.weight.dtype == torch.float32
+    assert not torch.equal(model.weight, before)
+    with pytest.raises(ValueError, match='--amp float16 needs a GPU'):
+        use_amp(cfg, 'float16')

@@ -1,6 +1,8 @@
 """End-to-end runs of tools/train.py, tools/test.py and dist_train.sh."""
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -12,6 +14,8 @@ from conftest import ROOT, logged_losses, run_tool
 import clustr_mm  # noqa: F401  (allow-lists runner checkpoint types)
 
 pytestmark = pytest.mark.slow
+PACA_CLS = 'configs/paca/paca-t_embedded-imagenet.py'
+ONE_THREAD = {'OMP_NUM_THREADS': '1'}
 
 # Every task family, each backbone at least once:
 # name -> (config, cfg-options that keep the run to seconds, metric of test.py)
@@ -142,3 +146,33 @@ def test_segmentation_learns_on_embedded_data(tiny_data, tmp_path):
     assert line, out[-3000:]
     result = json.loads(line[-1][len('[learning] '):])
     assert result['end'] >= result['start'] + 20, result
+
+
+def test_sigterm_and_resume_without_a_seed_match_the_uninterrupted_run(
+        tiny_data, tmp_path):
+    """The shipped config as is (randomness.seed None): a run stopped by
+    SIGTERM during epoch 2 and resumed gives the losses of an uninterrupted
+    run with the seed the first one drew (read from its checkpoint)."""
+    opts = ['--cfg-options', 'train_cfg.max_epochs=3',
+            'train_cfg.val_interval=100', 'default_hooks.logger.interval=1']
+    killed, full = tmp_path / 'killed', tmp_path / 'full'
+    proc = subprocess.Popen(
+        [sys.executable, 'tools/train.py', PACA_CLS, '--work-dir',
+         str(killed), *opts], cwd=ROOT, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS='1'))
+    deadline = time.time() + 120
+    while not (killed / 'epoch_1.pth').exists() and time.time() < deadline:
+        assert proc.poll() is None, 'training ended before it could be stopped'
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait() == -signal.SIGTERM
+    assert not (killed / 'epoch_3.pth').exists()
+    seed = torch.load(killed / 'epoch_1.pth', map_location='cpu')['meta']['seed']
+    out = run_tool(['tools/train.py', PACA_CLS, '--work-dir', str(killed),
+                    '--resume', *opts], env=ONE_THREAD).stdout
+    assert 'resumed epoch: ' in out
+    run_tool(['tools/train.py', PACA_CLS, '--work-dir', str(full), *opts,
+              f'randomness.seed={seed}'], env=ONE_THREAD)
+    resumed = logged_losses(killed)
+    assert resumed and resumed[0][0] > 4, resumed  # continued after epoch 1
+    assert resumed == [p for p in logged_losses(full) if p[0] >= resumed[0][0]]

@@ -4,18 +4,21 @@
     bash tools/dist_train.sh CONFIG GPUS [args]       # torchrun; CPU: gloo
 """
 import argparse
-import os
 import os.path as osp
-import re
 import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-import torch  # noqa: E402
-
 import clustr_mm  # noqa: E402,F401  (registers models, safe resume)
+from clustr_mm.engine.amp import use_amp  # noqa: E402
+from clustr_mm.engine.atomic_io import sweep_stale_temporaries  # noqa: E402
+from clustr_mm.engine.fail_fast_hook import (  # noqa: E402
+    DivergedError, training_position)
 from clustr_mm.engine.launch import (  # noqa: E402
-    add_common_args, build_runner, finish_distributed, load_config)
+    add_common_args, add_run_hooks, build_runner, finish_distributed,
+    load_config)
+from clustr_mm.engine.resume import (  # noqa: E402
+    choose_resume_checkpoint, explain_unreadable, read_resume_meta)
 
 
 def parse_args(argv=None):
@@ -27,7 +30,9 @@ def parse_args(argv=None):
         'checkpoint in the work dir')
     parser.add_argument(
         '--amp', action='store_true',
-        help='mixed precision (fp16 on GPU, bf16 on CPU)')
+        help="mixed precision: on a GPU MMEngine's AmpOptimWrapper (the "
+        "config's dtype, default fp16 with dynamic loss scaling), on a CPU "
+        'bf16 autocast without loss scaling (CPUAmpOptimWrapper)')
     parser.add_argument(
         '--auto-scale-lr', action='store_true',
         help='scale the lr by actual/base batch size (configs with '
@@ -35,35 +40,12 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def latest_checkpoint(work_dir):
-    """The checkpoint to resume from: the one ``last_checkpoint`` names, or,
-    if a run was killed between writing a checkpoint and that pointer, the
-    newest ``epoch_N``/``iter_N`` file (complete: writes are atomic)."""
-    pointer = osp.join(work_dir, 'last_checkpoint')
-    if osp.isfile(pointer):
-        with open(pointer) as f:
-            named = f.read().strip()
-        if osp.isfile(named):
-            return named
-    found = [(int(m.group(2)), m.group(1) == 'iter', name)
-             for name in (os.listdir(work_dir) if osp.isdir(work_dir) else [])
-             for m in [re.fullmatch(r'(epoch|iter)_(\d+)\.pth', name)] if m]
-    return osp.join(work_dir, max(found)[2]) if found else None
-
-
 def main(argv=None):
     args = parse_args(argv)
     cfg = load_config(args)
 
     if args.amp:
-        wrapper = cfg.optim_wrapper
-        if wrapper.get('type', 'OptimWrapper') == 'AmpOptimWrapper':
-            print('[train] --amp: config already uses AmpOptimWrapper')
-        else:
-            wrapper.type = 'AmpOptimWrapper'
-            wrapper.setdefault('loss_scale', 'dynamic')
-        if not torch.cuda.is_available():
-            wrapper.dtype = 'bfloat16'  # fp16 autocast is GPU-only
+        print(f'[train] --amp: {use_amp(cfg)}', flush=True)
     if args.auto_scale_lr:
         if 'auto_scale_lr' not in cfg:
             raise ValueError(
@@ -72,31 +54,57 @@ def main(argv=None):
                 'auto_scale_lr = dict(base_batch_size=...) to the config')
         cfg.auto_scale_lr.enable = True
 
-    # Checkpoints carry the RNG states, so a resumed run continues exactly.
-    hooks = cfg.get('custom_hooks') or []
-    if not any(h.get('type') == 'RandomStateHook' for h in hooks):
-        cfg.custom_hooks = [*hooks, dict(type='RandomStateHook')]
-
-    if args.resume == 'auto':
-        latest = latest_checkpoint(cfg.work_dir)
-        if latest is None:
-            print(f'[train] --resume: no checkpoint in {cfg.work_dir}, '
-                  'starting from scratch', flush=True)
-        else:
-            print(f'[train] --resume: continuing from {latest}', flush=True)
-            cfg.resume, cfg.load_from = True, latest
-    elif args.resume is not None:
-        if not osp.isfile(args.resume):
-            raise FileNotFoundError(f'--resume: no checkpoint at {args.resume}')
-        cfg.resume, cfg.load_from = True, args.resume
+    add_run_hooks(cfg)
+    if args.resume is not None:
+        resume(cfg, args.resume)
 
     runner = build_runner(cfg)
     if runner.rank == 0:
         print(f'[train] {args.config} ({cfg.default_scope}): launcher '
               f'{args.launcher}, world size {runner.world_size}, work dir '
               f'{runner.work_dir}', flush=True)
-    runner.train()
+        for path in sweep_stale_temporaries(runner.work_dir):
+            print(f'[train] removed {path}, left by a save that was killed',
+                  flush=True)
+    try:
+        runner.train()
+    except DivergedError as err:
+        sys.exit(f'[train] {args.config}: {err}')
+    except Exception:
+        where = training_position(runner)
+        if where:
+            print(f'[train] {args.config}: stopped at {where}', flush=True)
+        raise
     finish_distributed()
+
+
+def resume(cfg, choice: str) -> None:
+    """Point ``cfg`` at the checkpoint to continue from ('auto': the newest
+    readable one in the work dir) and restore the seed it was trained with.
+    """
+    if choice == 'auto':
+        path, meta = choose_resume_checkpoint(cfg.work_dir)
+        if path is None:
+            print(f'[train] --resume: no checkpoint in {cfg.work_dir}, '
+                  'starting from scratch', flush=True)
+            return
+    else:
+        path = choice
+        if not osp.isfile(path):
+            raise FileNotFoundError(f'--resume: no checkpoint at {path}')
+        try:
+            meta = read_resume_meta(path)
+        except ValueError as err:
+            raise explain_unreadable(path, err) from None
+    print(f'[train] --resume: continuing from {path}', flush=True)
+    cfg.resume, cfg.load_from = True, path
+    seed = meta.get('seed')
+    randomness = cfg.get('randomness') or {}
+    if seed is not None and randomness.get('seed') != seed:
+        if randomness.get('seed') is not None:
+            print(f"[train] --resume: the checkpoint's seed {seed} replaces "
+                  f"randomness.seed={randomness['seed']}", flush=True)
+        cfg.randomness = dict(randomness, seed=seed)
 
 
 if __name__ == '__main__':

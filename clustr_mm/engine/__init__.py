@@ -1,7 +1,13 @@
 """Run helpers: the train/test launch set-up (``launch``), fixed-length runs
-(``short_run``), atomic checkpoint writes (``atomic_io``) and the hook that
-makes resume continue the random streams (``random_state_hook``)."""
+(``short_run``), atomic checkpoint writes (``atomic_io``), the choice of the
+checkpoint to resume (``resume``), and what registers with MMEngine: the hook
+that makes resume continue the random streams (``random_state_hook``), the
+hook that stops a diverged run before it saves (``fail_fast_hook``) and the
+CPU bf16 optimizer wrapper (``amp``)."""
+from .amp import CPUAmpOptimWrapper
 from .atomic_io import use_atomic_local_writes
+from .fail_fast_hook import FailFastHook
 from .random_state_hook import RandomStateHook
 
-__all__ = ['RandomStateHook', 'use_atomic_local_writes']
+__all__ = ['CPUAmpOptimWrapper', 'FailFastHook', 'RandomStateHook',
+           'use_atomic_local_writes']

@@ -6,31 +6,110 @@ A run killed in the middle (preemption, OOM) leaves a truncated
 this backend go to a temporary file in the same directory, are flushed to
 disk, and then renamed over the final name, so a file at the final path is
 always complete.
+
+The temporary file gets the mode a plain ``open`` would give (``0o666`` less
+the umask, as MMEngine's own writes), not ``mkstemp``'s private 0600. A
+SIGTERM arriving during the write (the default action kills the process
+without any clean-up) removes the temporary file, then ends the process as
+the signal would have; files left by a SIGKILL are swept at the next start
+(:func:`sweep_stale_temporaries`).
 """
+import contextlib
 import os
 import os.path as osp
+import re
+import signal
 import tempfile
+import threading
 
 from mmengine.fileio import LocalBackend, register_backend
 from mmengine.fileio import io as mm_io
+
+
+# .<final name>.<pid>.<random>.tmp
+_TEMPORARY = re.compile(r'\.(.+)\.(\d+)\.[^.]+\.tmp')
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived while a temporary file existed."""
+
+
+def _raise_terminated(signum, frame):
+    raise _Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """Turn SIGTERM into an exception while the default action is in force
+    (a handler set by someone else, or ignoring it, is left alone); on the
+    way out the signal is delivered again under the default action."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    except _Terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise  # not reached: the default action ends the process
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write(filepath, data: bytes) -> None:
     """Write ``data`` to ``filepath`` so that readers see all of it or none."""
     directory = osp.dirname(osp.abspath(filepath))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory,
-                               prefix=f'.{osp.basename(filepath)}.', suffix='.tmp')
+    with _sigterm_raises():
+        fd, tmp = tempfile.mkstemp(
+            dir=directory, suffix='.tmp',
+            prefix=f'.{osp.basename(filepath)}.{os.getpid()}.')
+        try:
+            with os.fdopen(fd, 'wb') as f:
+                os.fchmod(f.fileno(), 0o666 & ~_umask())
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, filepath)
+        except BaseException:
+            if osp.exists(tmp):
+                os.remove(tmp)
+            raise
+
+
+def _alive(pid: int) -> bool:
     try:
-        with os.fdopen(fd, 'wb') as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, filepath)
-    except BaseException:
-        if osp.exists(tmp):
-            os.remove(tmp)
-        raise
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
+
+
+def sweep_stale_temporaries(directory) -> list:
+    """Delete the temporary files of writes whose process has died (killed
+    by SIGKILL or a power cut mid-save) in ``directory``; returns their
+    paths. Files of live processes on this machine are kept."""
+    removed = []
+    if not osp.isdir(directory):
+        return removed
+    for name in sorted(os.listdir(directory)):
+        match = _TEMPORARY.fullmatch(name)
+        if match and not _alive(int(match.group(2))):
+            path = osp.join(directory, name)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+                removed.append(path)
+    return removed
 
 
 class AtomicLocalBackend(LocalBackend):

@@ -53,6 +53,20 @@ def load_config(args: argparse.Namespace) -> Config:
     return cfg
 
 
+#: What every training run gets (the shipped configs list them; a config of
+#: one's own gets them from tools/train.py): resume that continues the random
+#: streams, and a stop at a non-finite loss before it is saved.
+RUN_HOOKS = ('RandomStateHook', 'FailFastHook')
+
+
+def add_run_hooks(cfg: Config) -> None:
+    """Append the :data:`RUN_HOOKS` missing from ``cfg.custom_hooks``."""
+    hooks = list(cfg.get('custom_hooks') or [])
+    present = {h.get('type') for h in hooks}
+    cfg.custom_hooks = hooks + [dict(type=name) for name in RUN_HOOKS
+                                if name not in present]
+
+
 def _sync_bn_to_bn(node):
     """SyncBatchNorm needs GPUs; plain BN is what a CPU process group can run."""
     if isinstance(node, dict):

@@ -7,6 +7,9 @@ _base_ = [
     'mmpretrain::_base_/default_runtime.py',
 ]
 custom_imports = dict(imports=['clustr_mm'], allow_failed_imports=False)
+# Resume continues the random streams; a non-finite loss stops the run before
+# it is saved (clustr_mm/engine).
+custom_hooks = [dict(type='RandomStateHook'), dict(type='FailFastHook')]
 
 model = dict(
     type='ImageClassifier',

@@ -8,6 +8,9 @@ _base_ = [
     'mmseg::_base_/schedules/schedule_80k.py',
 ]
 custom_imports = dict(imports=['clustr_mm'], allow_failed_imports=False)
+# Resume continues the random streams; a non-finite loss stops the run before
+# it is saved (clustr_mm/engine).
+custom_hooks = [dict(type='RandomStateHook'), dict(type='FailFastHook')]
 
 imagenet_checkpoint = 'work_dirs/clustr-s_8xb128_in1k/epoch_300.pth'
 

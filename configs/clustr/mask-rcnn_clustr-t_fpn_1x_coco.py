@@ -4,6 +4,9 @@ _base_ = ['mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py']
 # The Swin base's ImageNet URL; the backbone is replaced, so it must not show.
 pretrained = None
 custom_imports = dict(imports=['clustr_mm'], allow_failed_imports=False)
+# Resume continues the random streams; a non-finite loss stops the run before
+# it is saved (clustr_mm/engine).
+custom_hooks = [dict(type='RandomStateHook'), dict(type='FailFastHook')]
 
 # ImageNet checkpoint to fine-tune from: the output of
 # `tools/train.py configs/clustr/clustr-t_8xb128_in1k.py`, or an official

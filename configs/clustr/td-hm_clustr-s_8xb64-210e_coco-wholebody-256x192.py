@@ -7,6 +7,10 @@ _base_ = [
     'td-hm_hrnet-w32_8xb64-210e_coco-wholebody-256x192.py'
 ]
 custom_imports = dict(imports=['clustr_mm'], allow_failed_imports=False)
+# mmpose's SyncBuffersHook, then: resume continues the random streams; a
+# non-finite loss stops the run before it is saved (clustr_mm/engine).
+custom_hooks = [dict(type='SyncBuffersHook'), dict(type='RandomStateHook'),
+                dict(type='FailFastHook')]
 
 imagenet_checkpoint = 'work_dirs/clustr-s_8xb128_in1k/epoch_300.pth'
 

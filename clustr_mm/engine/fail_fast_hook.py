@@ -1,0 +1,94 @@
+"""Stop a run at the first sign it cannot succeed, before it saves.
+
+MMEngine trains on through a NaN loss and saves the non-finite weights (and
+``max_keep_ckpts`` then rotates the good checkpoints out); a typo in a
+``CheckpointHook`` option only fails at the first save, an epoch later.
+mmdet's ``CheckInvalidLossHook`` exists in mmdet's scope only, checks every
+50 iterations and does not say where; this hook serves all four libraries.
+"""
+import difflib
+import inspect
+import math
+
+import torch
+from mmengine.hooks import CheckpointHook, Hook
+from mmengine.model import is_model_wrapper
+from mmengine.registry import HOOKS
+
+
+class DivergedError(FloatingPointError):
+    """Training produced a non-finite loss or non-finite weights."""
+
+
+def training_position(runner) -> str:
+    """'iteration N (epoch E)' of the running training iteration, 1-based as
+    MMEngine logs them; '' before the first one."""
+    hub = runner.message_hub
+    if hub.get_info('iter') is None:
+        return ''
+    where = f'iteration {hub.get_info("iter") + 1}'
+    if 'max_epochs' in (runner.cfg.get('train_cfg') or {}):
+        where += f' (epoch {hub.get_info("epoch") + 1})'
+    return where
+
+
+@HOOKS.register_module(force=True)
+class FailFastHook(Hook):
+    """Refuse bad ``CheckpointHook`` options before training, stop at a
+    non-finite loss, and never save non-finite parameters.
+
+    Runs before the ``CheckpointHook`` (priority ``ABOVE_NORMAL`` against its
+    ``VERY_LOW``), so the iteration whose loss is NaN/Inf is not saved. The
+    loss is read after MMEngine's ``RuntimeInfoHook`` has copied it to the
+    host for logging, so the check adds no device synchronisation.
+    """
+
+    priority = 'ABOVE_NORMAL'
+
+    def before_run(self, runner) -> None:
+        valid = [name for name in inspect.signature(
+            runner.save_checkpoint).parameters
+                 if name not in ('out_dir', 'filename')]
+        for hook in runner.hooks:
+            if not isinstance(hook, CheckpointHook):
+                continue
+            for key in getattr(hook, 'args', {}):
+                if key not in valid:
+                    near = difflib.get_close_matches(
+                        key, valid + list(inspect.signature(
+                            CheckpointHook).parameters), n=1)
+                    hint = f' (did you mean {near[0]!r}?)' if near else ''
+                    raise TypeError(
+                        f'default_hooks.checkpoint: unknown option {key!r}'
+                        f'{hint}; CheckpointHook takes the arguments of '
+                        f'CheckpointHook.__init__ or of '
+                        f'Runner.save_checkpoint ({", ".join(valid)})')
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None,
+                         outputs=None) -> None:
+        losses = {key: float(value.detach()) for key, value in (outputs or {}).items()
+                  if 'loss' in key and isinstance(value, torch.Tensor)
+                  and value.numel() == 1}
+        bad = {k: v for k, v in losses.items() if not math.isfinite(v)}
+        if bad:
+            shown = ', '.join(f'{k}={v}' for k, v in bad.items())
+            raise DivergedError(
+                f'training diverged at {training_position(runner)}: {shown}; nothing '
+                'of this iteration was saved. Lower the learning rate '
+                '(optim_wrapper.optimizer.lr) or clip gradients '
+                '(optim_wrapper.clip_grad=dict(max_norm=...)) and resume '
+                'from the last checkpoint')
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        model = runner.model.module if is_model_wrapper(
+            runner.model) else runner.model
+        state = checkpoint.get('state_dict', {})
+        bad = [name for name, _ in model.named_parameters()
+               if name in state and not torch.isfinite(state[name]).all()]
+        if bad:
+            more = f' and {len(bad) - 3} more' if len(bad) > 3 else ''
+            done = checkpoint.get('meta', {}).get('iter', runner.iter)
+            raise DivergedError(
+                f'training diverged: after {done} iterations the parameters '
+                f'{", ".join(bad[:3])}{more} are not finite; the checkpoint '
+                'was not saved')
