@@ -5,7 +5,8 @@ Every config is listed exactly once, every listed config exists and is one of
 the configs that tests/test_configs.py loads and builds, and the numbers a
 metafile carries are the configs' own: parameter counts are re-counted on a
 built model for one config of each library (test_configs builds them all but
-does not keep the models).
+does not keep the models). Weights are only ever the official PaCa-ViT
+release's files, marked as such, each on the config that reproduces it.
 """
 import re
 from pathlib import Path
@@ -13,9 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from test_configs import CONFIGS, ROOT, build_model
+from test_configs import (CONFIGS, RELEASE, RELEASE_FILES, ROOT, build_model,
+                          release_file)
 
 INDEX = ROOT / 'model-index.yml'
+OFFICIAL_CODE = 'https://github.com/iVMCL/PaCaViT'
 FOLDERS = sorted(p.name for p in (ROOT / 'configs').iterdir()
                  if p.is_dir() and not p.name.startswith('_'))
 # Metric names each library reports, so mim users see familiar keys.
@@ -73,14 +76,24 @@ def test_entries_are_well_formed():
         if 'FLOPs' in metadata:
             assert isinstance(metadata['FLOPs'], int) and metadata['FLOPs'] > 1e8
             assert 'x' in metadata['Input Size']
-        # Weights only where a file exists: nothing has been released yet.
+        # Weights: only the official release's files, marked as theirs.
         weights = model.get('Weights')
         if weights is not None:
-            assert weights.startswith('https://') or (ROOT / weights).is_file(), weights
-        # Results only for what was measured here: the embedded-data runs.
+            assert weights.startswith(RELEASE), weights
+            assert weights[len(RELEASE):] in RELEASE_FILES, weights
+            assert model['Converted From'] == {
+                'Weights': weights, 'Code': OFFICIAL_CODE}, model['Name']
+            assert metadata['Weights Source'].startswith(
+                'official PaCa-ViT release'), model['Name']
+        else:
+            assert 'Converted From' not in model, model['Name']
+        # Results: what was measured here (the embedded-data runs), or the
+        # metrics the release publishes with its file.
         for result in model.get('Results', []):
-            assert 'embedded' in model['Name'], model['Name']
-            assert 'embedded' in result['Dataset']
+            if 'embedded' in model['Name']:
+                assert 'embedded' in result['Dataset']
+            else:
+                assert weights is not None, model['Name']
             assert set(result['Metrics']) <= TASK_METRICS[result['Task']], result
 
 
@@ -90,6 +103,32 @@ def test_collections_point_to_papers_and_readmes():
             assert (ROOT / collection['README']).is_file()
             assert collection['README'] == str(meta.parent.relative_to(ROOT) / 'README.md')
             assert collection['Paper']['URL'].startswith('https://arxiv.org/abs/')
+
+
+def test_weights_are_the_release_file_of_each_config():
+    """A config whose model the release has a file for names that file, and
+    only that one; one without a release file names none (the README's
+    mislinked rows included)."""
+    from mmengine.config import Config
+    for _, model in _models():
+        expected = release_file(Config.fromfile(ROOT / model['Config']))
+        if expected is None:  # a kind of model release_file does not name
+            continue
+        weights = model.get('Weights')
+        if expected in RELEASE_FILES:
+            assert weights == RELEASE + expected, model['Name']
+        else:
+            assert weights is None, model['Name']
+
+
+def test_folder_readmes_link_the_weights():
+    """Each Weights URL is given in its folder's README, next to its config."""
+    for meta, model in _models():
+        if 'Weights' in model:
+            readme = (meta.parent / 'README.md').read_text()
+            name = Path(model['Config']).name
+            rows = [line for line in readme.splitlines() if f'](./{name})' in line]
+            assert any(model['Weights'] in row for row in rows), model['Name']
 
 
 @pytest.mark.parametrize('folder', FOLDERS)

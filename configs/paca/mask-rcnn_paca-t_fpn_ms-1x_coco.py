@@ -1,4 +1,8 @@
+# Mask R-CNN 1x on COCO with PaCa-ViT-T: the release's
+# mask_rcnn_pacavit_tiny_p2cconv_100_0_mstrain_480_800_1x_coco recipe (that of
+# PaCa-S). Differs from the release: nothing.
 _base_ = './mask-rcnn_paca-s_fpn_ms-1x_coco.py'
-imagenet_checkpoint = 'work_dirs/paca-t_8xb128_in1k/epoch_300.pth'
+imagenet_checkpoint = ('https://github.com/iVMCL/PaCaViT/releases/download/'
+                       'pacavit/IMNET_224_pacavit_tiny_p2cconv_100_0.pth')
 model = dict(
     backbone=dict(arch='tiny', init_cfg=dict(checkpoint=imagenet_checkpoint)))

@@ -1,7 +1,10 @@
-# RetinaNet 1x on COCO with PaCa-ViT-S (AdamW lr 1e-4, wd 1e-4, batch 16).
+# RetinaNet 1x on COCO with PaCa-ViT-S (AdamW lr 1e-4, wd 1e-4, batch 16),
+# fine-tuned from the release's ImageNet classifier. Not in the release (no
+# RetinaNet was published): the recipe is ClusTR's.
 _base_ = '../clustr/retinanet_clustr-s_fpn_1x_coco.py'
 
-imagenet_checkpoint = 'work_dirs/paca-s_8xb128_in1k/epoch_300.pth'
+imagenet_checkpoint = ('https://github.com/iVMCL/PaCaViT/releases/download/'
+                       'pacavit/IMNET_224_pacavit_small_p2cconv_100_0.pth')
 model = dict(
     backbone=dict(
         _delete_=True,

@@ -1,8 +1,11 @@
-# Whole-body top-down pose with PaCa-ViT-S, same recipe and deconv head as the
-# ClusTR-S config (AdamW lr 5e-4, wd 0.01, 210 epochs, batch 512).
+# Whole-body top-down pose with PaCa-ViT-S, fine-tuned from the release's
+# ImageNet classifier. Not in the release (no pose model was published): same
+# recipe and deconv head as the ClusTR-S config (AdamW lr 5e-4, wd 0.01, 210
+# epochs, batch 512).
 _base_ = '../clustr/td-hm_clustr-s_8xb64-210e_coco-wholebody-256x192.py'
 
-imagenet_checkpoint = 'work_dirs/paca-s_8xb128_in1k/epoch_300.pth'
+imagenet_checkpoint = ('https://github.com/iVMCL/PaCaViT/releases/download/'
+                       'pacavit/IMNET_224_pacavit_small_p2cconv_100_0.pth')
 model = dict(
     backbone=dict(
         _delete_=True,

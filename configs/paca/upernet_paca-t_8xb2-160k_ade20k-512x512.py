@@ -1,4 +1,8 @@
+# UperNet 160k on ADE20K with PaCa-ViT-T: the release's
+# upernet_pacavit_tiny_p2cconv_100_0_512x512_160k_ade20k recipe (that of
+# PaCa-S). Differs from the release: nothing.
 _base_ = './upernet_paca-s_8xb2-160k_ade20k-512x512.py'
-imagenet_checkpoint = 'work_dirs/paca-t_8xb128_in1k/epoch_300.pth'
+imagenet_checkpoint = ('https://github.com/iVMCL/PaCaViT/releases/download/'
+                       'pacavit/IMNET_224_pacavit_tiny_p2cconv_100_0.pth')
 model = dict(
     backbone=dict(arch='tiny', init_cfg=dict(checkpoint=imagenet_checkpoint)))

@@ -1,0 +1,9 @@
+# Mask R-CNN 1x on COCO with PaCa-ViT-S, MLP clustering: the release's
+# mask_rcnn_pacavit_small_p2cmlp_100_0_mstrain_480_800_1x_coco recipe (that of
+# PaCa-S). Differs from the release: nothing.
+_base_ = './mask-rcnn_paca-s_fpn_ms-1x_coco.py'
+imagenet_checkpoint = ('https://github.com/iVMCL/PaCaViT/releases/download/'
+                       'pacavit/IMNET_224_pacavit_small_p2cmlp_100_0.pth')
+model = dict(
+    backbone=dict(clustering='mlp',
+                  init_cfg=dict(checkpoint=imagenet_checkpoint)))
