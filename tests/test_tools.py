@@ -176,3 +176,93 @@ def test_sigterm_and_resume_without_a_seed_match_the_uninterrupted_run(
     resumed = logged_losses(killed)
     assert resumed and resumed[0][0] > 4, resumed  # continued after epoch 1
     assert resumed == [p for p in logged_losses(full) if p[0] >= resumed[0][0]]
+
+
+def test_diverged_run_stops_before_saving(tiny_data, tmp_path):
+    """lr 1e6: the loss is NaN from iteration 2; the run stops there, names
+    it, and writes no checkpoint (it used to train on and save NaN weights)."""
+    proc = run_tool(['tools/train.py', PACA_CLS, '--work-dir', str(tmp_path),
+                     '--cfg-options', 'optim_wrapper.optimizer.lr=1e6',
+                     'train_cfg.max_epochs=2'], check=False, env=ONE_THREAD)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert re.search(r'training diverged at iteration 2 \(epoch 1\): '
+                     r'loss=nan', proc.stdout), proc.stdout[-3000:]
+    assert not list(tmp_path.glob('*.pth'))
+
+
+def test_checkpoint_option_typo_fails_before_the_first_iteration(tmp_path):
+    proc = run_tool(['tools/train.py', PACA_CLS, '--work-dir', str(tmp_path),
+                     '--cfg-options', 'default_hooks.checkpoint.max_keep_ckpt=1'],
+                    check=False, env=ONE_THREAD)
+    assert proc.returncode != 0
+    assert ("unknown option 'max_keep_ckpt' (did you mean 'max_keep_ckpts'?)"
+            in proc.stdout), proc.stdout[-3000:]
+    assert 'Epoch(train)' not in proc.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='the CPU path')
+def test_amp_trains_in_bf16_on_the_cpu(tiny_data, tmp_path):
+    out = run_tool(['tools/train.py', PACA_CLS, '--amp', '--work-dir',
+                    str(tmp_path), '--cfg-options', 'train_cfg.max_epochs=1',
+                    'train_cfg.val_interval=100'], env=ONE_THREAD).stdout
+    assert '[train] --amp: CPUAmpOptimWrapper' in out
+    assert logged_losses(tmp_path) and (tmp_path / 'epoch_1.pth').exists()
+
+
+def _load_tool(name):
+    import importlib.util
+    path = ROOT / 'tools' / 'analysis' / f'{name}.py'
+    spec = importlib.util.spec_from_file_location(f'_tool_{name}', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize('size', ['64x', 'abc', '0', '64x0', '8x8x8'])
+def test_benchmark_refuses_a_malformed_size(size, capsys):
+    tool = _load_tool('benchmark')
+    with pytest.raises(SystemExit):
+        tool.parse_args(['--sizes', '224', size])
+    assert (f"--sizes: {size!r} is not a size: expected S or HxW"
+            in capsys.readouterr().err)
+
+
+@pytest.mark.parametrize('option,message', [
+    (['--stages', '5'], r'--stages 5: the backbone has 4 stages \(0\.\.3, '
+     r'or -4\.\.-1 from the end\)'),
+    (['--stages', '0', '--blocks', '9'], r'--blocks 9: stage 0 has (\d) '
+     r'blocks \(0\.\.\d, or -\1\.\.-1 from the end\)'),
+])
+def test_visualize_clusters_refuses_a_stage_or_block_out_of_range(
+        tiny_data, tmp_path, option, message):
+    tool = _load_tool('visualize_clusters')
+    image = sorted((tiny_data / 'imagenet' / 'val').glob('*.JPEG'))[0]
+    with pytest.raises(SystemExit, match=message):
+        tool.main([str(image), str(ROOT / 'configs/clustr/'
+                                   'clustr-t_embedded-imagenet.py'),
+                   '--out', str(tmp_path / 'x.png'), '--shape', '64', '64',
+                   *option])
+    assert not (tmp_path / 'x.png').exists()
+
+
+def test_visualize_clusters_refuses_a_backbone_without_clusters(
+        tiny_data, tmp_path):
+    config = tmp_path / 'resnet.py'
+    config.write_text("_base_ = ['mmpretrain::resnet/resnet18_8xb32_in1k.py']"
+                      "\n")
+    tool = _load_tool('visualize_clusters')
+    image = sorted((tiny_data / 'imagenet' / 'val').glob('*.JPEG'))[0]
+    with pytest.raises(SystemExit, match='the backbone is a ResNet; clusters '
+                       'can be shown for ClusTR and PaCaViT backbones only'):
+        tool.main([str(image), str(config), '--out', str(tmp_path / 'x.png'),
+                   '--shape', '64', '64'])
+
+
+def test_get_flops_refuses_a_config_without_a_model(tmp_path):
+    config = tmp_path / 'schedule.py'
+    config.write_text("default_scope = 'mmpretrain'\n"
+                      "train_cfg = dict(max_epochs=1)\n")
+    tool = _load_tool('get_flops')
+    with pytest.raises(ValueError, match=r'schedule.py: the config has no '
+                       r'model = dict\(\.\.\.\)'):
+        tool.get_flops(str(config))

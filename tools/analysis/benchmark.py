@@ -63,6 +63,7 @@ import ctypes
 import json
 import os
 import os.path as osp
+import re
 import shlex
 import statistics
 import subprocess
@@ -100,7 +101,12 @@ REFERENCE = 'pvtv2-b2'  # img/s ratios are given against this model
 
 
 def parse_size(text):
-    h, _, w = text.partition('x')
+    """'S' -> (S, S), 'HxW' -> (H, W); anything else is refused."""
+    match = re.fullmatch(r'([1-9]\d*)(?:x([1-9]\d*))?', text)
+    if match is None:
+        raise ValueError(f'{text!r} is not a size: expected S or HxW with '
+                         'positive integers, e.g. 224 or 800x1344')
+    h, w = match.groups()
     return int(h), int(w or h)
 
 
@@ -501,12 +507,20 @@ def parse_args(argv):
         parser.error(f'--device cuda, but torch {torch.__version__} sees no '
                      'CUDA device (torch.cuda.is_available() is False); use '
                      '--device cpu')
+    for size in args.sizes:
+        try:
+            parse_size(size)
+        except ValueError as err:
+            parser.error(f'--sizes: {err}')
     max_pixels = {}
     for item in args.max_size:
         name, _, size = item.partition('=')
         if name not in MODELS or not size:
             parser.error(f'--max-size takes MODEL=S, got {item!r}')
-        h, w = parse_size(size)
+        try:
+            h, w = parse_size(size)
+        except ValueError as err:
+            parser.error(f'--max-size {item}: {err}')
         max_pixels[name] = h * w
     args.max_pixels = max_pixels
     return args

@@ -170,6 +170,10 @@ def get_flops(config: str, shape=None, cfg_options=None,
     cfg = Config.fromfile(config)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
+    if not isinstance(cfg.get('model'), dict):
+        raise ValueError(f'{cfg.filename}: the config has no model = dict('
+                         '...) (a dataset, schedule or runtime piece?); '
+                         'give a config of a whole model')
     scope = cfg.get('default_scope', 'mmdet')
     shape = tuple(shape) if shape else default_shape(cfg)
     if scope == 'mmdet':

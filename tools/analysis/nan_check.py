@@ -20,15 +20,14 @@ Gradients are not checked under ``AmpOptimWrapper`` (fp16 loss scaling makes
 infinite scaled gradients a normal, skipped step); losses and weights still
 are.
 
-``--amp`` trains under autocast: on a GPU through MMEngine's
-``AmpOptimWrapper`` (``dtype`` bfloat16 or float16, dynamic loss scaling),
-as a config would; on the CPU (bf16 only: ``AmpOptimWrapper`` refuses a
-machine without an accelerator) by running the config's optimizer wrapper's
-forward context under ``torch.autocast('cpu', torch.bfloat16)``. The summary
+``--amp`` trains under autocast as ``tools/train.py --amp`` does: on a GPU
+through MMEngine's ``AmpOptimWrapper`` (``dtype`` bfloat16 or float16,
+dynamic loss scaling), on the CPU (bf16 only: ``AmpOptimWrapper`` refuses a
+machine without an accelerator) through ``CPUAmpOptimWrapper``
+(``clustr_mm/engine/amp.py``). The summary
 gives the dtype the first ``nn.Linear`` produced during training
 (``linear_dtype``), which shows the autocast was in force.
 """
-import contextlib
 import argparse
 import json
 import os.path as osp
@@ -42,6 +41,7 @@ from mmengine.hooks import Hook  # noqa: E402
 from mmengine.optim import AmpOptimWrapper, OptimWrapperDict  # noqa: E402
 
 import clustr_mm  # noqa: E402,F401
+from clustr_mm.engine.amp import use_amp  # noqa: E402
 from clustr_mm.engine.launch import add_common_args, load_config  # noqa: E402
 from clustr_mm.engine.short_run import run_short  # noqa: E402
 
@@ -63,18 +63,13 @@ def _bad(named, limit=5):
 
 
 class FiniteCheckHook(Hook):
-    """Check loss, gradients and weights of every training iteration.
-
-    ``cpu_autocast``: run each wrapper's forward context under CPU bf16
-    autocast (``--amp bf16`` without a GPU).
-    """
+    """Check loss, gradients and weights of every training iteration."""
 
     priority = 'VERY_HIGH'
 
-    def __init__(self, cpu_autocast: bool = False):
+    def __init__(self):
         self.checked = 0
         self.last_loss = None
-        self.cpu_autocast = cpu_autocast
         self.linear_dtype = None
 
     def before_train(self, runner) -> None:
@@ -86,8 +81,6 @@ class FiniteCheckHook(Hook):
                     if isinstance(wrapper, OptimWrapperDict) else [wrapper])
         for w in wrappers:
             self._wrap(w)
-            if self.cpu_autocast:
-                w.optim_context = _under_cpu_bf16(w.optim_context)
         linear = next((m for m in model.modules()
                        if isinstance(m, torch.nn.Linear)), None)
         if linear is not None:
@@ -142,34 +135,6 @@ class FiniteCheckHook(Hook):
         self.checked = runner.iter + 1
 
 
-def _under_cpu_bf16(optim_context):
-    """``optim_context`` with CPU bf16 autocast around it."""
-    @contextlib.contextmanager
-    def context(model):
-        with optim_context(model), torch.autocast('cpu', torch.bfloat16):
-            yield
-    return context
-
-
-def use_amp(cfg, amp: str) -> bool:
-    """Switch ``cfg`` to mixed precision; True when the CPU autocast of
-    :class:`FiniteCheckHook` must do it (no GPU)."""
-    if torch.cuda.is_available():
-        wrapper = cfg.optim_wrapper
-        if wrapper.get('type', 'OptimWrapper') not in ('OptimWrapper',
-                                                       'AmpOptimWrapper'):
-            raise SystemExit(f"--amp: the config's optim_wrapper is a "
-                             f'{wrapper.type}; only OptimWrapper configs '
-                             'can be switched to AmpOptimWrapper')
-        wrapper.type = 'AmpOptimWrapper'
-        wrapper.dtype = 'bfloat16' if amp == 'bf16' else 'float16'
-        return False
-    if amp == 'fp16':
-        raise SystemExit('--amp fp16 needs a GPU (MMEngine\'s AmpOptimWrapper '
-                         'with loss scaling); on the CPU use --amp bf16')
-    return True
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(parser)
@@ -179,8 +144,15 @@ def main(argv=None):
                         help='train under autocast (fp16: GPU only)')
     args = parser.parse_args(argv)
     cfg = load_config(args)
-    hook = FiniteCheckHook(
-        cpu_autocast=bool(args.amp) and use_amp(cfg, args.amp))
+    if args.amp == 'fp16' and not torch.cuda.is_available():
+        raise SystemExit('--amp fp16 needs a GPU (MMEngine\'s AmpOptimWrapper '
+                         'with loss scaling); on the CPU use --amp bf16')
+    if args.amp:
+        try:
+            use_amp(cfg, 'bfloat16' if args.amp == 'bf16' else 'float16')
+        except ValueError as err:
+            raise SystemExit(str(err))
+    hook = FiniteCheckHook()
     summary = dict(config=args.config, iters=args.iters, amp=args.amp)
     start = time.time()
     try:
@@ -192,7 +164,8 @@ def main(argv=None):
         # ours, or the backbones' device-side finiteness checks
         # (graph_safety.assert_finite raises RuntimeError)
         if not isinstance(err, FloatingPointError) and not any(
-                key in str(err) for key in ('non-finite', 'NaN or Inf')):
+                key in str(err)
+                for key in ('non-finite', 'NaN or Inf', 'NaN/Inf')):
             raise
         ok = False
         if isinstance(err, NonFiniteError):

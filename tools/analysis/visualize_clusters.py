@@ -186,7 +186,18 @@ def collect_assignments(backbone: torch.nn.Module, x: torch.Tensor,
     per scale: (H, W) long cluster ids, or (M, H, W) soft weights).
     """
     num = len(backbone.stages)
+    for s in stages or ():
+        if not -num <= s < num:
+            raise ValueError(f'--stages {s}: the backbone has {num} stages '
+                             f'(0..{num - 1}, or -{num}..-1 from the end)')
     stages = range(num) if stages is None else [s % num for s in stages]
+    for si in stages:
+        depth = len(_blocks(backbone.stages[si]))
+        for b in blocks:
+            if not -depth <= b < depth:
+                raise ValueError(
+                    f'--blocks {b}: stage {si} has {depth} blocks '
+                    f'(0..{depth - 1}, or -{depth}..-1 from the end)')
     found, handles, reducers = {}, [], []
 
     def watch(si, bi, attn):
@@ -391,9 +402,17 @@ def main(argv=None):
     torch.manual_seed(0)
     model, cfg = build_model(args.config, args.checkpoint, args.cfg_options)
     backbone = getattr(model, 'backbone', model)
+    from mmengine.registry import MODELS
+    if not isinstance(backbone, (MODELS.get('ClusTR'), MODELS.get('PaCaViT'))):
+        raise SystemExit(f'{args.config}: the backbone is a '
+                         f'{type(backbone).__name__}; clusters can be shown '
+                         'for ClusTR and PaCaViT backbones only')
     mean, std = normalisation(cfg)
     image, x = load_image(args.image, tuple(args.shape), mean, std)
-    records = collect_assignments(backbone, x, args.stages, args.blocks)
+    try:
+        records = collect_assignments(backbone, x, args.stages, args.blocks)
+    except ValueError as err:
+        raise SystemExit(str(err))
     if not records:
         raise SystemExit('no clustering attention in the chosen stages / '
                          'blocks (full attention only?)')
