@@ -12,6 +12,8 @@ not import it; the task extras below name the range the task libraries accept.
 clustr_mm/env_check.py checks the same bounds at import / config-build time.
 """
 import re
+import shutil
+import sys
 from pathlib import Path
 
 from setuptools import find_packages, setup
@@ -35,6 +37,43 @@ EXTRAS = {
 }
 EXTRAS['all'] = sorted({r for reqs in EXTRAS.values() for r in reqs})
 
+# OpenMMLab's client (`mim search`, `mim download`) reads model-index.yml, the
+# metafiles and the configs from <installed package>/.mim/, as it does for
+# mmdet. They live at the top of the repository, so they are placed there
+# when a package is built: copied for wheels and sdists, linked for a
+# `setup.py develop` install so edits show. (A PEP 660 editable install is
+# invisible to mim 0.3.9 either way: docs/environments.md.)
+MIM_FILES = ('model-index.yml', 'configs', 'tools')
+
+
+def place_mim_files():
+    commands = set(sys.argv[1:])
+    if commands & {'develop', 'editable_wheel'}:
+        link = True
+    elif commands & {'bdist_wheel', 'sdist', 'build', 'build_py',
+                     'install'}:
+        link = False
+    else:  # egg_info, --version, ...: nothing is built
+        return
+    target = ROOT / 'clustr_mm' / '.mim'
+    target.mkdir(exist_ok=True)
+    for name in MIM_FILES:
+        src, dst = ROOT / name, target / name
+        if dst.is_symlink() or dst.is_file():
+            dst.unlink()
+        elif dst.is_dir():
+            shutil.rmtree(dst)
+        if link:
+            dst.symlink_to(Path('..', '..', name))
+        elif src.is_dir():
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns(
+                '__pycache__', '*.pyc'))
+        else:
+            shutil.copyfile(src, dst)
+
+
+place_mim_files()
+
 setup(
     name='clustr_mm',
     version=VERSION,
@@ -43,6 +82,8 @@ setup(
     long_description=(ROOT / 'README.md').read_text(),
     long_description_content_type='text/markdown',
     packages=find_packages(include=['clustr_mm', 'clustr_mm.*']),
+    package_data={'clustr_mm': [
+        '.mim/' + '/'.join(['*'] * depth) for depth in range(1, 5)]},
     python_requires='>=3.9',
     install_requires=[
         'torch>=2.0',

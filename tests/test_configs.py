@@ -189,3 +189,124 @@ def test_release_naming_matches_every_paca_file():
                      if 'pacahead' not in f and not re.match(
                          r'upernet_pacavit_small_p2cconv_(?!100_0)', f))
     assert not missing, missing
+
+
+def test_readme_first_snippet_builds_from_the_release(tmp_path):
+    """README.md's first snippet is a working config whose weights are the
+    release's classifier of the backbone it builds."""
+    text = (ROOT / 'README.md').read_text()
+    snippet = re.search(r'```python\n(.*?)```', text, re.S)[1]
+    (tmp_path / 'snippet.py').write_text(snippet)
+    cfg = Config.fromfile(tmp_path / 'snippet.py')
+    model = build_model(cfg)
+    backbone = cfg.model.backbone
+    assert type(model.backbone).__name__ == backbone.type == 'PaCaViT'
+    name = f'IMNET_224_pacavit_{release_variant(backbone)}.pth'
+    assert name in RELEASE_FILES
+    assert backbone.init_cfg.checkpoint == RELEASE + name
+    params = sum(p.numel() for p in model.parameters()) / 1e6
+    assert params == pytest.approx(41.8, rel=0.01)  # the release's detector
+
+
+PACA_IMAGENET = [p for p in IMAGENET if 'paca' in Path(p).name]
+
+
+def test_imagenet_evaluation_is_the_releases(tmp_path):
+    """The PaCa ImageNet test pipeline gives exactly the pixels of the
+    release's timm evaluation (crop_pct 0.9: short side to 248, bicubic,
+    centre crop 224, PIL decoding), so the release's classifiers score their
+    published top-1 here."""
+    import numpy as np
+    from mmengine.dataset import Compose
+    from PIL import Image
+    from torchvision import transforms
+    importlib.import_module('mmpretrain.utils').register_all_modules(False)
+    path = tmp_path / 'photo.jpg'
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 256, (333, 500, 3), np.uint8)).save(
+        path, quality=90)
+    timm = transforms.Compose([
+        transforms.Resize(248, interpolation=transforms.InterpolationMode.BICUBIC),
+        transforms.CenterCrop(224)])
+    expected = np.asarray(timm(Image.open(path).convert('RGB')))
+    cfg = Config.fromfile(ROOT / 'configs/paca/paca-s_8xb128_in1k.py')
+    with DefaultScope.overwrite_default_scope('mmpretrain'):
+        for loader in (cfg.val_dataloader, cfg.test_dataloader):
+            out = Compose(loader.dataset.pipeline)(dict(img_path=str(path)))
+            ours = out['inputs'].numpy()[::-1].transpose(1, 2, 0)  # BGR CHW
+            np.testing.assert_array_equal(ours, expected)
+    for other in PACA_IMAGENET:  # every PaCa classifier evaluates the same way
+        pipeline = Config.fromfile(ROOT / other).test_dataloader.dataset.pipeline
+        assert pipeline == cfg.test_dataloader.dataset.pipeline, other
+
+
+@pytest.mark.parametrize('path', [
+    'configs/paca/upernet_paca-t_8xb2-160k_ade20k-512x512.py',
+    'configs/paca/mask-rcnn_paca-t-teacher_fpn_ms-1x_coco.py',
+])
+def test_parameter_groups_are_the_releases(path):
+    """The release's optimiser groups: no weight decay on any parameter whose
+    official name has 'norm' (our norms are named alike, except the teacher's
+    BatchNorms, numbered in the official code), one learning rate."""
+    from mmengine.optim import build_optim_wrapper
+    cfg = Config.fromfile(ROOT / path)
+    model = build_model(cfg)
+    with DefaultScope.overwrite_default_scope(cfg.default_scope):
+        wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    groups = {id(p): group for group in wrapper.optimizer.param_groups
+              for p in group['params']}
+    optimizer = cfg.optim_wrapper.optimizer
+    norms = 0
+    for name, param in model.named_parameters():
+        official_norm = 'norm' in name and '.teacher.' not in name
+        norms += official_norm
+        expected = 0.0 if official_norm else optimizer.weight_decay
+        assert groups[id(param)]['weight_decay'] == expected, name
+        assert groups[id(param)]['lr'] == optimizer.lr, name
+    assert norms > 50
+
+
+def test_mask_rcnn_augmentation_is_the_releases():
+    """Flip, then either a multi-scale resize (short side 480-800) or the
+    DETR-style resize -> absolute-range crop 384x600 -> multi-scale resize;
+    and the pipeline runs on an annotated image."""
+    import numpy as np
+    from mmdet.structures.bbox import HorizontalBoxes
+    from mmdet.structures.mask import BitmapMasks
+    from mmengine.dataset import Compose
+    cfg = Config.fromfile(ROOT / 'configs/paca/mask-rcnn_paca-s_fpn_ms-1x_coco.py')
+    pipeline = cfg.train_dataloader.dataset.pipeline
+    assert [t['type'] for t in pipeline] == [
+        'LoadImageFromFile', 'LoadAnnotations', 'RandomFlip', 'RandomChoice',
+        'PackDetInputs']
+    plain, crop = pipeline[3]['transforms']
+    multi_scale = [(1333, s) for s in range(480, 801, 32)]
+    assert [t['type'] for t in plain] == ['RandomChoiceResize']
+    assert plain[0]['scales'] == multi_scale
+    assert [t['type'] for t in crop] == [
+        'RandomChoiceResize', 'RandomCrop', 'RandomChoiceResize']
+    assert crop[0]['scales'] == [(1333, 400), (1333, 500), (1333, 600)]
+    assert (crop[1]['crop_type'], tuple(crop[1]['crop_size'])) == (
+        'absolute_range', (384, 600))
+    assert crop[2]['scales'] == multi_scale
+    for other in CONFIGS:  # every PaCa Mask R-CNN config trains this way
+        if 'mask-rcnn_paca' in other:
+            assert Config.fromfile(ROOT / other).train_dataloader.dataset \
+                .pipeline == pipeline, other
+    importlib.import_module('mmdet.utils').register_all_modules(False)
+    rng = np.random.default_rng(0)
+    masks = np.zeros((2, 480, 640), np.uint8)
+    masks[0, 50:200, 60:300] = masks[1, 250:400, 320:600] = 1
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        augment = Compose(pipeline[2:])
+        for _ in range(6):
+            out = augment(dict(
+                img=rng.integers(0, 256, (480, 640, 3), np.uint8),
+                img_shape=(480, 640), ori_shape=(480, 640),
+                gt_bboxes=HorizontalBoxes(np.array(
+                    [[60, 50, 300, 200], [320, 250, 600, 400]], np.float32)),
+                gt_bboxes_labels=np.array([0, 1]),
+                gt_ignore_flags=np.array([False, False]),
+                gt_masks=BitmapMasks(masks, 480, 640)))
+            h, w = out['inputs'].shape[1:]
+            assert 480 <= min(h, w) <= 800 and max(h, w) <= 1333, (h, w)

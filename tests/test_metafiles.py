@@ -162,3 +162,17 @@ def test_parameters_match_the_built_model(path):
     model = build_model(Config.fromfile(ROOT / path))
     assert entry['Metadata']['Parameters'] == sum(
         p.numel() for p in model.parameters())
+
+
+def test_docs_link_only_release_files():
+    """Every release link in the READMEs and docs names a real release file
+    (the official README's own tables link some wrong ones)."""
+    docs = [ROOT / 'README.md', *ROOT.glob('configs/*/README.md'),
+            *ROOT.glob('docs/*.md')]
+    found = 0
+    for doc in docs:
+        for name in re.findall(re.escape(RELEASE) + r'([\w.-]+)',
+                               doc.read_text()):
+            found += 1
+            assert name in RELEASE_FILES, f'{doc.name}: {name}'
+    assert found > 20  # the config READMEs do link them
