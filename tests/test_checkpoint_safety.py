@@ -79,10 +79,15 @@ def test_truncated_checkpoint_error_names_file(tmp_path):
     torch.save(ClusTRTiny().state_dict(), path)
     data = path.read_bytes()
     path.write_bytes(data[:len(data) // 2])
-    with pytest.raises(ValueError, match='cannot read checkpoint .*weights.pth'):
+    with pytest.raises(ValueError, match='cannot read checkpoint .*weights.pth'
+                       ': it is a torch zip file that is truncated or corrupt'):
         read_checkpoint(str(path))
     path.write_bytes(b'not a checkpoint at all')
-    with pytest.raises(ValueError, match='truncated, corrupt'):
+    with pytest.raises(ValueError, match="a text file, not a torch checkpoint "
+                       r"\(starts with 'not a checkpoint"):
+        read_checkpoint(str(path))
+    path.write_bytes(b'')
+    with pytest.raises(ValueError, match='an empty file'):
         read_checkpoint(str(path))
 
 

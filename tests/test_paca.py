@@ -10,7 +10,7 @@ from torch import nn
 
 import clustr_mm  # noqa: F401  (registers the models)
 from clustr_mm.models.backbones.paca import PaCaViT
-from clustr_mm.checkpoints.loading import load_backbone_state
+from clustr_mm.checkpoints import load_backbone_state
 from clustr_mm.checkpoints.paca_official import convert_paca_official
 
 pytestmark = pytest.mark.torch21

@@ -1,6 +1,7 @@
 """Evaluate a checkpoint of any clustr_mm config with its library's metric.
 
-    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR]
+    python tools/test.py CONFIG CHECKPOINT_OR_URL [--work-dir DIR]
+        [--allow-partial-load]
     bash tools/dist_test.sh CONFIG CHECKPOINT GPUS [args]
 """
 import argparse
@@ -10,6 +11,7 @@ import sys
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 import clustr_mm  # noqa: E402,F401  (registers models)
+from clustr_mm.checkpoints import add_coverage_check  # noqa: E402
 from clustr_mm.engine.launch import (  # noqa: E402
     add_common_args, build_runner, finish_distributed, load_config)
 
@@ -17,16 +19,21 @@ from clustr_mm.engine.launch import (  # noqa: E402
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(parser)
-    parser.add_argument('checkpoint', help='checkpoint file to evaluate')
+    parser.add_argument(
+        'checkpoint', help='checkpoint file or http(s) URL to evaluate '
+        '(official PaCa-ViT files are converted on load; see docs/weights.md)')
+    parser.add_argument(
+        '--allow-partial-load', action='store_true',
+        help='evaluate even if the checkpoint leaves model weights unloaded '
+        '(refused by default)')
     return parser.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    if not osp.isfile(args.checkpoint):
-        raise FileNotFoundError(f'checkpoint not found: {args.checkpoint}')
     cfg = load_config(args)
-    cfg.load_from = args.checkpoint
+    cfg.load_from = args.checkpoint  # read (and checked) by clustr_mm's loader
+    add_coverage_check(cfg, args.allow_partial_load)
     runner = build_runner(cfg)
     metrics = runner.test()
     finish_distributed()

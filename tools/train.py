@@ -10,6 +10,7 @@ import sys
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 import clustr_mm  # noqa: E402,F401  (registers models, safe resume)
+from clustr_mm.checkpoints import add_coverage_check  # noqa: E402
 from clustr_mm.engine.amp import use_amp  # noqa: E402
 from clustr_mm.engine.atomic_io import sweep_stale_temporaries  # noqa: E402
 from clustr_mm.engine.fail_fast_hook import (  # noqa: E402
@@ -37,6 +38,10 @@ def parse_args(argv=None):
         '--auto-scale-lr', action='store_true',
         help='scale the lr by actual/base batch size (configs with '
         'auto_scale_lr: mmpretrain, mmdet, mmpose)')
+    parser.add_argument(
+        '--allow-partial-load', action='store_true',
+        help='accept a load_from checkpoint that leaves model weights '
+        'unloaded (e.g. a detector with other classes; refused by default)')
     return parser.parse_args(argv)
 
 
@@ -55,6 +60,7 @@ def main(argv=None):
         cfg.auto_scale_lr.enable = True
 
     add_run_hooks(cfg)
+    add_coverage_check(cfg, args.allow_partial_load)
     if args.resume is not None:
         resume(cfg, args.resume)
 

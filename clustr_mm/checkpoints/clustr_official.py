@@ -2,7 +2,8 @@
 
 The official model names its parts ``patch_embed{i}``, ``block{i}.{j}``,
 ``norm{i}`` (stages counted from 1) and ``head``; clustr_mm uses
-``patch_embeds.{i}``, ``stages.{i}.{j}``, ``norms.{i}`` (from 0) under the
+``stages.{i}.downsample``, ``stages.{i}.blocks.{j}``, ``stages.{i}.norm``
+(from 0) under the
 classifier's ``backbone.`` prefix, and mmpretrain's ``head.fc``. Inside a block
 only the MLP's depthwise conv differs (``mlp.dwconv.dwconv`` ->
 ``mlp.dwconv``); attention names (q, kv, kv1, kv2, weight_layer, proj) are
@@ -14,17 +15,19 @@ from typing import List, Mapping, Tuple
 
 import torch
 
+from ..models.backbones.clustr import ClusTR
 from .keys import strip_module_prefix
 
 _RULES = [
     (re.compile(r'^patch_embed(\d+)\.(.+)$'),
-     lambda m: f'backbone.patch_embeds.{int(m[1]) - 1}.{m[2]}'),
+     lambda m: f'backbone.stages.{int(m[1]) - 1}.downsample.{m[2]}'),
     (re.compile(r'^block(\d+)\.(\d+)\.mlp\.dwconv\.dwconv\.(.+)$'),
-     lambda m: f'backbone.stages.{int(m[1]) - 1}.{m[2]}.mlp.dwconv.{m[3]}'),
+     lambda m: f'backbone.stages.{int(m[1]) - 1}.blocks.{m[2]}.mlp.dwconv.'
+     f'{m[3]}'),
     (re.compile(r'^block(\d+)\.(\d+)\.(.+)$'),
-     lambda m: f'backbone.stages.{int(m[1]) - 1}.{m[2]}.{m[3]}'),
+     lambda m: f'backbone.stages.{int(m[1]) - 1}.blocks.{m[2]}.{m[3]}'),
     (re.compile(r'^norm(\d+)\.(.+)$'),
-     lambda m: f'backbone.norms.{int(m[1]) - 1}.{m[2]}'),
+     lambda m: f'backbone.stages.{int(m[1]) - 1}.norm.{m[2]}'),
     (re.compile(r'^head\.(weight|bias)$'), lambda m: f'head.fc.{m[1]}'),
 ]
 
@@ -52,15 +55,14 @@ def convert_clustr_official(
 
 def infer_clustr_arch(converted: Mapping[str, torch.Tensor]) -> str:
     """Name of the arch_zoo entry whose depths and widths the weights have."""
-    from ..models.backbones.clustr import ClusTR
     depths, dims = [], []
     for i in range(4):
         blocks = {
-            int(k.split('.')[3])
-            for k in converted if k.startswith(f'backbone.stages.{i}.')
+            int(k.split('.')[4]) for k in converted
+            if k.startswith(f'backbone.stages.{i}.blocks.')
         }
         depths.append(len(blocks))
-        weight = converted.get(f'backbone.patch_embeds.{i}.proj.weight')
+        weight = converted.get(f'backbone.stages.{i}.downsample.proj.weight')
         dims.append(None if weight is None else int(weight.shape[0]))
     for name, arch in ClusTR.arch_zoo.items():
         if list(arch['depths']) == depths and list(arch['embed_dims']) == dims:

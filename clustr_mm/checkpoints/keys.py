@@ -1,17 +1,24 @@
 """State-dict key helpers shared by checkpoint loading and the converters."""
-from typing import Dict, List, Mapping
+from typing import Dict, List, Mapping, Optional
 
 import torch
 
 StateDict = Dict[str, torch.Tensor]
 
 
-def unwrap_state_dict(checkpoint: Mapping) -> Mapping[str, torch.Tensor]:
-    """The state dict inside ``{'model': ...}`` / ``{'state_dict': ...}``."""
+def state_dict_key(checkpoint: Mapping) -> Optional[str]:
+    """``'model'`` or ``'state_dict'``, whichever wraps the weights, or None
+    for a bare state dict."""
     for key in ('model', 'state_dict'):
         if key in checkpoint and isinstance(checkpoint[key], Mapping):
-            return checkpoint[key]
-    return checkpoint
+            return key
+    return None
+
+
+def unwrap_state_dict(checkpoint: Mapping) -> Mapping[str, torch.Tensor]:
+    """The state dict inside ``{'model': ...}`` / ``{'state_dict': ...}``."""
+    key = state_dict_key(checkpoint)
+    return checkpoint if key is None else checkpoint[key]
 
 
 def strip_module_prefix(state: Mapping[str, torch.Tensor]

@@ -1,167 +1,144 @@
-"""Loading pretrained backbone weights, tolerant of a changed cluster count.
+"""Reading checkpoint files: the one path every weight file takes.
 
-Fine-tuning PaCa-ViT for segmentation uses 200 clusters per stage where the
-ImageNet checkpoint has 100, so the layers that emit cluster logits change
-shape. Those layers are re-initialised and named in a warning; everything else
-must load, and a checkpoint that fills nothing is an error (the official code
-silently trained from scratch on a wrong path or prefix).
+:func:`install_checkpoint_loaders` (run on ``import clustr_mm``) makes
+:func:`load_checkpoint_file` MMEngine's loader for local paths and http(s)
+URLs, so the runner's ``load_from`` and ``--resume``, ``tools/test.py CONFIG
+CHECKPOINT``, the Inferencers' weights, ``Pretrained`` init of any module
+(our backbones read through MMEngine's ``CheckpointLoader`` too) and the
+converter tools all get the same behaviour:
+
+* URLs are fetched once into torch's hub cache (:mod:`.download`);
+* nothing in the file can run code (:mod:`.safe_pickle`);
+* an official PaCa-ViT file is converted to our keys on the fly
+  (:func:`.paca_official.convert_paca_checkpoint`, one log line);
+* a bad path, a directory, a text file, a truncated file or a CUDA
+  ``map_location`` on a machine without CUDA is an error naming the file,
+  what was found and what is expected.
 """
-import os
+import os.path as osp
 import pickle
 import re
-import warnings
-from typing import Callable, Dict, Optional
+from typing import Any, Mapping
 
 import torch
-from torch import nn
 
+from .download import discard_cached, download_checkpoint
 from .keys import StateDict, strip_module_prefix, unwrap_state_dict
-from .safe_pickle import download_checkpoint, safe_load
+from .paca_official import convert_paca_checkpoint
+from .safe_pickle import allow_runner_checkpoint_types, safe_load
+
+ZIP_MAGIC = b'PK\x03\x04'  # torch.save's format since torch 1.6
 
 
-def read_checkpoint(filename: str, map_location: str = 'cpu') -> StateDict:
-    """Read a weights file (local path or URL) without unpickling objects.
+def _is_url(filename: str) -> bool:
+    return filename.startswith(('http://', 'https://'))
 
-    Loads through :func:`clustr_mm.checkpoints.safe_pickle.safe_load`: torch's
-    weights-only loader where it can take our allow-list, a restricted
-    unpickler on older torch; either way only tensors, containers and the
-    data-only types of MMEngine runner checkpoints are rebuilt.
-    Accepts a raw state dict or one wrapped under ``state_dict`` or
-    ``model`` and strips a DataParallel ``module.`` prefix.
-    """
-    if filename.startswith(('http://', 'https://')):
-        filename = download_checkpoint(filename)
-    elif not os.path.isfile(filename):
-        raise FileNotFoundError(f'checkpoint file not found: {filename}')
+
+def _check_map_location(map_location, filename: str) -> None:
+    wants_cuda = (isinstance(map_location, torch.device)
+                  and map_location.type == 'cuda') or (
+                      isinstance(map_location, str)
+                      and map_location.startswith('cuda'))
+    if wants_cuda and not torch.cuda.is_available():
+        raise ValueError(
+            f'map_location={map_location!r} asks to load {filename} onto a '
+            'CUDA device, but torch.cuda.is_available() is False here; use '
+            "map_location='cpu'")
+
+
+def _what_it_is(path: str) -> str:
+    """A short description of a file torch could not load."""
+    with open(path, 'rb') as f:
+        head = f.read(64)
+    if not head:
+        return 'an empty file'
+    if head.startswith(ZIP_MAGIC):
+        return 'a torch zip file that is truncated or corrupt'
+    if head.startswith(b'\x80'):
+        return 'a pickle (legacy torch format) that is truncated or corrupt'
     try:
-        ckpt = safe_load(filename, map_location=map_location)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError,
-            ValueError) as e:
+        text = head.decode('utf-8')
+    except UnicodeDecodeError:
+        return f'not a torch checkpoint (starts with {head[:16]!r})'
+    return f'a text file, not a torch checkpoint (starts with {text[:40]!r})'
+
+
+def load_checkpoint_file(filename: str, map_location=None) -> Any:
+    """Read a checkpoint from a local path or an http(s) URL, safely.
+
+    Returns what the file holds (a runner checkpoint unchanged); an official
+    PaCa-ViT file comes back converted, as ``{'state_dict', 'meta'}`` in our
+    model's keys.
+    """
+    if not isinstance(filename, str):
+        raise TypeError(f'checkpoint must be a path or URL string, got '
+                        f'{type(filename).__name__}: {filename!r}')
+    if _is_url(filename):
+        path = download_checkpoint(filename)
+    else:
+        path = osp.expanduser(filename)
+        if osp.isdir(path):
+            raise IsADirectoryError(
+                f'checkpoint {filename} is a directory; expected a weights '
+                'file such as its epoch_N.pth / iter_N.pth (the file named in '
+                'its last_checkpoint is the latest)')
+        if not osp.isfile(path):
+            raise FileNotFoundError(f'checkpoint file not found: {filename}')
+    _check_map_location(map_location, filename)
+    try:
+        checkpoint = safe_load(path, map_location=map_location)
+    except Exception as e:  # noqa: BLE001 (torch raises many kinds for a bad file)
         unsafe = re.search(r'(?:Unsupported global: |unsupported )GLOBAL (\S+)',
                            str(e))
+        where = filename if path == filename else f'{filename} ({path})'
         if unsafe:
-            raise pickle.UnpicklingError(
-                f'refusing to load {filename}: it pickles {unsafe.group(1)}, '
-                'which could run code on load. Only tensors and plain data '
-                'are loaded; re-save the weights alone if you trust the file.'
-            ) from None
-        raise ValueError(
-            f'cannot read checkpoint {filename}: truncated, corrupt or not a '
-            f'torch checkpoint ({type(e).__name__}: {e})') from e
-    if not isinstance(ckpt, dict):
-        raise TypeError(f'{filename} holds a {type(ckpt).__name__}, '
-                        'expected a state dict')
-    return strip_module_prefix(unwrap_state_dict(ckpt))
-
-
-def _default_reinit(module: nn.Module) -> None:
-    module.reset_parameters()
-
-
-def load_backbone_state(model: nn.Module,
-                        state_dict: StateDict,
-                        prefix: Optional[str] = None,
-                        reinit: Optional[Callable[[nn.Module], None]] = None
-                        ) -> Dict[str, list]:
-    """Load ``state_dict`` into ``model``, re-initialising shape mismatches.
-
-    Args:
-        model: The module to fill.
-        state_dict: Weights, e.g. from :func:`read_checkpoint`.
-        prefix: Only keys starting with it are used, with it removed (e.g.
-            ``'backbone.'`` for a whole detector / classifier checkpoint).
-        reinit: Called on every module owning a shape-mismatched tensor
-            (e.g. a clustering layer with a different number of clusters);
-            defaults to the module's ``reset_parameters()``.
-
-    Returns:
-        dict with the ``loaded``, ``reinitialized``, ``missing`` and
-        ``unexpected`` key lists. Everything but ``loaded`` is also reported
-        in one ``UserWarning``.
-
-    Raises:
-        RuntimeError: if no key of the checkpoint fits the model.
-    """
-    if prefix:
-        selected = {k[len(prefix):]: v for k, v in state_dict.items()
-                    if k.startswith(prefix)}
-        if not selected:
-            raise RuntimeError(
-                f'no checkpoint key starts with prefix {prefix!r}; first '
-                f'keys: {list(state_dict)[:5]}')
-        state_dict = selected
-    own = model.state_dict()
-    loadable, mismatched = {}, {}
-    for key, value in state_dict.items():
-        if key not in own:
-            continue
-        if own[key].shape == value.shape:
-            loadable[key] = value
+            message = (
+                f'refusing to load {where}: it pickles {unsafe.group(1)}, '
+                'which could run code on load (Weights only load failed). '
+                'Only tensors and plain data are loaded; re-save the weights '
+                'alone if you trust the file.')
         else:
-            mismatched[key] = (tuple(value.shape), tuple(own[key].shape))
-    if not loadable:
-        raise RuntimeError(
-            f'none of the {len(state_dict)} checkpoint keys match '
-            f'{type(model).__name__} (wrong checkpoint or prefix?); '
-            f'checkpoint keys start {list(state_dict)[:5]}, model keys start '
-            f'{list(own)[:5]}')
-
-    reinit = reinit or _default_reinit
-    owners = sorted({key.rsplit('.', 1)[0] for key in mismatched})
-    for name in owners:
-        reinit(model.get_submodule(name))
-    model.load_state_dict(loadable, strict=False)
-
-    report = dict(
-        loaded=sorted(loadable),
-        reinitialized=owners,
-        missing=sorted(set(own) - set(loadable) - set(mismatched)),
-        unexpected=sorted(set(state_dict) - set(own)))
-    lines = []
-    if mismatched:
-        lines.append('re-initialised (shape differs from the checkpoint): ' +
-                     ', '.join(f'{k} {ckpt}->{ours}'
-                               for k, (ckpt, ours) in mismatched.items()))
-    if report['missing']:
-        lines.append('missing in checkpoint: ' + ', '.join(report['missing']))
-    if report['unexpected']:
-        lines.append('unused checkpoint keys: ' +
-                     ', '.join(report['unexpected']))
-    if lines:
-        warnings.warn(
-            f'{type(model).__name__}: loaded {len(loadable)} of {len(own)} '
-            'tensors; ' + '; '.join(lines), UserWarning, stacklevel=2)
-    return report
+            message = (f'cannot read checkpoint {where}: it is '
+                       f'{_what_it_is(path)} ({type(e).__name__} from '
+                       'torch.load); expected a file written by torch.save')
+        if _is_url(filename):
+            discard_cached(path)
+            message += ('; the downloaded copy was removed from the cache, '
+                        'so the next run fetches it again')
+        error = pickle.UnpicklingError if unsafe else ValueError
+        raise error(message) from None
+    if isinstance(checkpoint, Mapping):
+        converted = convert_paca_checkpoint(checkpoint, filename)
+        if converted is not None:
+            return converted
+    return checkpoint
 
 
-def init_backbone_weights(backbone, official_init: Callable[[nn.Module], None]
-                          ) -> None:
-    """Official from-scratch init, other ``init_cfg`` entries, then weights.
+def read_checkpoint(filename: str, map_location='cpu') -> StateDict:
+    """The state dict of a checkpoint file (:func:`load_checkpoint_file`),
+    unwrapped from ``state_dict`` / ``model`` and without a DataParallel
+    ``module.`` prefix."""
+    checkpoint = load_checkpoint_file(filename, map_location)
+    if not isinstance(checkpoint, Mapping):
+        raise TypeError(f'{filename} holds a {type(checkpoint).__name__}, '
+                        'expected a state dict')
+    return strip_module_prefix(unwrap_state_dict(checkpoint))
 
-    Replaces MMEngine's ``Pretrained`` handling for our backbones: a
-    ``Pretrained`` entry is read with the weights-only loader and applied last
-    through :func:`load_backbone_state`, so loaded weights are never
-    overwritten, shape-mismatched layers are re-initialised with
-    ``official_init`` and named in a warning, and a path or prefix that fills
-    nothing is an error instead of a silent from-scratch run.
-    """
-    from mmengine.model import initialize
-    from mmengine.model.weight_init import update_init_info
-    if backbone.is_init:
-        return
-    backbone.apply(official_init)
-    cfgs = backbone.init_cfg or []
-    cfgs = [cfgs] if isinstance(cfgs, dict) else list(cfgs)
-    others = [c for c in cfgs if c.get('type') != 'Pretrained']
-    if others:
-        initialize(backbone, others)
-    for cfg in cfgs:
-        if cfg.get('type') == 'Pretrained':
-            state = read_checkpoint(cfg['checkpoint'],
-                                    cfg.get('map_location', 'cpu'))
-            load_backbone_state(backbone, state, prefix=cfg.get('prefix'),
-                                reinit=lambda m: m.apply(official_init))
-    if hasattr(backbone, '_params_init_info'):  # set by a parent model
-        update_init_info(backbone, f'{type(backbone).__name__} official init '
-                         f'+ init_cfg {cfgs}')
-    backbone._is_init = True
+
+def _mmengine_loader(filename, map_location=None, *args, **kwargs):
+    return load_checkpoint_file(filename, map_location)
+
+
+_mmengine_loader.__name__ = 'load_from_clustr_mm'  # named in MMEngine's log
+
+
+def install_checkpoint_loaders() -> None:
+    """Register :func:`load_checkpoint_file` for MMEngine's local-path and
+    http(s) checkpoint schemes, after choosing the safe-load mode
+    (idempotent)."""
+    from mmengine.runner.checkpoint import CheckpointLoader
+    allow_runner_checkpoint_types()
+    CheckpointLoader.register_scheme(prefixes='', loader=_mmengine_loader,
+                                     force=True)
+    CheckpointLoader.register_scheme(prefixes=('http://', 'https://'),
+                                     loader=_mmengine_loader, force=True)

@@ -1,16 +1,27 @@
-"""Official PaCa-ViT checkpoints (timm ImageNet releases and the mmdet/mmseg
-backbones) -> clustr_mm ``PaCaViT`` keys.
+"""Official PaCa-ViT checkpoints (timm ImageNet releases, mmdet detectors,
+mmseg segmentors) -> clustr_mm keys.
 
-One explicit table of key rewrites. Two things are not a rename: the conv
-clustering's 1x1 convs are stored by us as linears ((out, in, 1, 1) ->
-(out, in)), and the teacher's fixed blur kernels are dropped (we rebuild
-them; they are not weights).
+One explicit table of key rewrites for the backbone (:data:`_RULES`), used by
+the loader (:func:`convert_paca_checkpoint`, on every load) and by
+``tools/model_converters/paca_official_to_mm.py``. Two things are not a
+rename: the conv clustering's 1x1 convs are stored by us as linears
+((out, in, 1, 1) -> (out, in)), and the teacher's fixed blur kernels are
+dropped (we rebuild them; they are not weights). Outside the backbone, only
+the timm classifier's ``head.{weight,bias}`` is renamed (mmpretrain's
+``LinearClsHead`` calls it ``head.fc``); the necks and heads of the official
+detectors and segmentors (mmdet FPN / RPN / RoI heads, mmseg UPerHead /
+FCNHead / the PaCa head) have the same names as the mm libraries' modules our
+configs build, and are kept as they are.
 """
 import re
 from collections import OrderedDict
-from typing import List, Tuple
+from typing import List, Mapping, Optional, Tuple
 
-from .keys import StateDict, strip_module_prefix
+from mmengine.logging import print_log
+
+from ..models.backbones.paca import PaCaViT
+from .keys import (StateDict, state_dict_key, strip_module_prefix,
+                   unwrap_state_dict)
 
 _STAGE = r'^stage(?P<i>\d+)\.(?P<b>\d+)\.'
 _TEACHER = r'^paca_teacher\.'
@@ -180,8 +191,92 @@ def infer_paca_config(state: StateDict) -> dict:
 def _zoo_name(arch: dict, clustering: str):
     from ..models.backbones.paca import PaCaViT
     for name in PaCaViT.arch_zoo:
-        named = PaCaViT._resolve_arch(name, clustering)
+        named = PaCaViT.arch_settings(name, clustering)
         if all(list(named[k]) == list(v) for k, v in arch.items()):
             return name
     return arch
 
+
+
+# The keys that identify an official PaCa-ViT backbone (timm names).
+SIGNATURE = ('patch_embed.proj.0.weight', 'stage1.0.attn.q.weight')
+TIMM = 'timm ImageNet classifier'
+MMDET = 'mmdet detector'
+MMSEG = 'mmseg segmentor'
+BACKBONE_ONLY = 'downstream backbone'
+
+
+def paca_official_layout(state: Mapping) -> Optional[str]:
+    """Which official layout ``state`` (a state dict) has, or None."""
+    if all(k in state for k in SIGNATURE):
+        return TIMM
+    if all(f'backbone.{k}' in state for k in SIGNATURE):
+        if any(k.startswith('decode_head.') for k in state):
+            return MMSEG
+        if any(k.startswith(('neck.', 'rpn_head.', 'roi_head.', 'bbox_head.'))
+               for k in state):
+            return MMDET
+        return BACKBONE_ONLY
+    return None
+
+
+def convert_paca_checkpoint(checkpoint: Mapping, source: str
+                            ) -> Optional[dict]:
+    """An official PaCa-ViT file's contents in clustr_mm's model layout.
+
+    Returns None when ``checkpoint`` is not in an official layout (it is then
+    used as it is), else ``{'state_dict': ..., 'meta': ...}``: the backbone
+    under ``backbone.`` in our names, a timm head as ``head.fc.*``, other
+    keys (necks, heads) unchanged; the file's ``meta`` (class names) is
+    kept, training-script entries (optimizer, epoch, args) are not. Logs one
+    line saying what was converted from which layout.
+
+    Raises:
+        ValueError: an official file with keys the table does not know.
+    """
+    state = strip_module_prefix(unwrap_state_dict(checkpoint))
+    layout = paca_official_layout(state)
+    if layout is None:
+        return None
+    if layout == TIMM:
+        kept = {}
+        converted, unknown = convert_paca_official(state)
+    else:
+        kept = OrderedDict((k, v) for k, v in state.items()
+                           if not k.startswith('backbone.'))
+        converted, skipped = convert_paca_official(state)
+        unknown = [k for k in skipped if k not in kept]
+    if unknown:
+        raise ValueError(
+            f'{source}: an official PaCa-ViT {layout} file, but no rule of '
+            f'the conversion table maps its keys {unknown[:10]}'
+            f'{" ..." if len(unknown) > 10 else ""}; expected only the '
+            'official backbone keys (patch_embed.*, stage{i}.*, norm{i}.*, '
+            'transition{i}.*, paca_teacher.*) and, for a classifier, '
+            'head.weight / head.bias')
+    out = OrderedDict()
+    for key, value in converted.items():
+        out[key if key.startswith('head.fc.') else f'backbone.{key}'] = value
+    out.update(kept)
+    dropped = sum(1 for k in state if _DROPPED.match(
+        k[len('backbone.'):] if layout != TIMM else k))
+    wrapped = state_dict_key(checkpoint)
+    meta = checkpoint.get('meta') if wrapped else None
+    meta = dict(meta) if isinstance(meta, Mapping) else {}
+    meta['converted_from'] = dict(layout=f'official PaCa-ViT {layout}',
+                                  source=source)
+    ignored = sorted(str(k) for k in checkpoint
+                     if wrapped and k not in (wrapped, 'meta'))
+    parts = [f'{len(converted) - sum(k.startswith("head.fc.") for k in converted)}'
+             ' backbone tensors mapped to backbone.*']
+    if any(k.startswith('head.fc.') for k in converted):
+        parts.append('head.weight/bias -> head.fc.weight/bias')
+    if kept:
+        parts.append(f'{len(kept)} neck/head tensors kept as named')
+    if dropped:
+        parts.append(f'{dropped} fixed blur kernels dropped')
+    if ignored:
+        parts.append(f'entries not loaded: {", ".join(ignored)}')
+    print_log(f'clustr_mm: converted official PaCa-ViT weights ({layout}) '
+              f'from {source}: ' + '; '.join(parts), logger='current')
+    return dict(state_dict=out, meta=meta)

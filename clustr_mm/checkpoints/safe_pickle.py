@@ -36,22 +36,21 @@ detected by behaviour, not by version number (:func:`allow_runner_checkpoint_typ
 ``CLUSTR_MM_SAFE_LOAD=restricted`` forces the second mode on any torch (the
 tests use it to run the fallback on the default stack too).
 
-MMEngine's own loads (``--resume``, ``load_from``, ``tools/test.py
-CHECKPOINT``, ``Pretrained`` init of other modules) call ``torch.load`` with
-torch's default, which unpickles anything before torch 2.6 and, from 2.6, does
-not know our allow-list in the ``'restricted'`` mode. So for local paths and
-http(s) URLs we register :func:`safe_load` based loaders as MMEngine's
-checkpoint schemes: every torch behaves like torch >= 2.6 with the allow-list.
+Release files of training scripts also pickle an ``argparse.Namespace`` (the
+script's arguments) and numpy scalars (metrics); both are plain data and
+allowed. MMEngine's own loads (``--resume``, ``load_from``, ``tools/test.py``,
+``Pretrained`` init) go through :func:`safe_load` as well: see
+:mod:`clustr_mm.checkpoints.loading`, which registers the loaders.
 
 Errors on a refused global start with ``Weights only load failed`` and name the
 global as ``GLOBAL module.name`` in both modes.
 """
 import _compat_pickle
+import argparse
 import collections
 import importlib
 import io
 import os
-import os.path as osp
 import pickle
 import types
 from typing import Any, Dict, Optional
@@ -116,7 +115,7 @@ def latin1_encode(text: str, encoding: str = 'latin1') -> bytes:
 
 
 _NUMPY_GLOBALS = _numpy_globals()
-RUNNER_CHECKPOINT_TYPES = (HistoryBuffer, *dict.fromkeys(
+RUNNER_CHECKPOINT_TYPES = (HistoryBuffer, argparse.Namespace, *dict.fromkeys(
     _NUMPY_GLOBALS.values()))
 
 
@@ -146,6 +145,7 @@ def _restricted_globals() -> Dict[str, Any]:
         '_codecs.encode': latin1_encode,
         'builtins.getattr': history_buffer_getattr,
         'mmengine.logging.history_buffer.HistoryBuffer': HistoryBuffer,
+        'argparse.Namespace': argparse.Namespace,  # a training script's args
     })
     for value in vars(torch).values():  # dtypes and layouts are plain data
         if isinstance(value, (torch.dtype, torch.layout)):
@@ -213,7 +213,8 @@ def _native_supported() -> bool:
                                           'clear_safe_globals')):
         return False
     before = list(ser.get_safe_globals())
-    entries = [HistoryBuffer, (history_buffer_getattr, 'builtins.getattr')]
+    entries = [HistoryBuffer, argparse.Namespace,
+               (history_buffer_getattr, 'builtins.getattr')]
     for full_name, obj in _NUMPY_GLOBALS.items():
         entries.append((obj, full_name))
     try:
@@ -250,47 +251,6 @@ def restricted_load(f, map_location=None) -> Any:
                       pickle_module=restricted_pickle)
 
 
-def _mmengine_local_loader(filename, map_location=None):
-    filename = osp.expanduser(filename)
-    if not osp.isfile(filename):
-        raise FileNotFoundError(f'{filename} can not be found.')
-    return safe_load(filename, map_location)
-
-
-def download_checkpoint(url: str, model_dir: Optional[str] = None,
-                        progress: bool = True) -> str:
-    """Download ``url`` into torch's hub cache once (rank 0 first)."""
-    from urllib.parse import urlparse
-
-    from mmengine.dist import barrier, get_dist_info
-    model_dir = model_dir or osp.join(torch.hub.get_dir(), 'checkpoints')
-    os.makedirs(model_dir, exist_ok=True)
-    cached = osp.join(model_dir, osp.basename(urlparse(url).path))
-    rank, world = get_dist_info()
-    if rank == 0 and not osp.exists(cached):
-        torch.hub.download_url_to_file(url, cached, progress=progress)
-    if world > 1:
-        barrier()
-        if rank > 0 and not osp.exists(cached):
-            torch.hub.download_url_to_file(url, cached, progress=progress)
-    return cached
-
-
-def _mmengine_http_loader(filename, map_location=None, model_dir=None,
-                          progress=True):
-    return safe_load(download_checkpoint(filename, model_dir, progress),
-                     map_location)
-
-
-def _restrict_mmengine_loads() -> None:
-    from mmengine.runner.checkpoint import CheckpointLoader
-    CheckpointLoader.register_scheme(
-        prefixes='', loader=_mmengine_local_loader, force=True)
-    CheckpointLoader.register_scheme(
-        prefixes=('http://', 'https://'), loader=_mmengine_http_loader,
-        force=True)
-
-
 def allow_runner_checkpoint_types() -> str:
     """Make weights-only loading accept MMEngine runner checkpoints.
 
@@ -304,5 +264,4 @@ def allow_runner_checkpoint_types() -> str:
                              "'restricted' (force the fallback) is known")
         native = not forced and _native_supported()
         MODE = 'native' if native else 'restricted'
-        _restrict_mmengine_loads()
     return MODE

@@ -38,10 +38,23 @@ def main():
                                        convert_clustr_official,
                                        infer_clustr_arch, read_checkpoint)
 
-    if not osp.isfile(args.src):
-        sys.exit(f'error: checkpoint not found: {args.src}')
-    # Weights-only: a downloaded checkpoint must not run arbitrary code.
-    converted, unmatched = convert_clustr_official(read_checkpoint(args.src))
+    try:  # weights-only: a downloaded checkpoint must not run code
+        official = read_checkpoint(args.src)
+    except (OSError, ValueError, TypeError, RuntimeError) as e:
+        sys.exit(f'error: {e}')
+    converted, unmatched = convert_clustr_official(official)
+    if not converted:
+        ours = [k for k in official
+                if k.startswith(('backbone.stages.', 'stages.', 'backbone.'
+                                 'patch_embeds.', 'patch_embeds.'))]
+        if ours:
+            sys.exit(f'error: {args.src} is already a clustr_mm checkpoint '
+                     f'(keys like {ours[0]}); use it directly (load_from, '
+                     "init_cfg=dict(type='Pretrained', checkpoint=..., "
+                     "prefix='backbone.')), there is nothing to convert")
+        sys.exit(f'error: no official ClusTR keys in {args.src}: expected '
+                 'patch_embed1.*, block1.0.*, norm1.*, head.*; found '
+                 f'{list(official)[:5]}')
     arch = args.arch or infer_clustr_arch(converted)
 
     backbone = ClusTR(arch)

@@ -1,0 +1,121 @@
+"""Refuse a runner checkpoint that leaves part of the model without weights.
+
+MMEngine loads ``load_from`` (and ``tools/test.py``'s checkpoint) with
+``strict=False`` and only logs the keys that did not match, so the weights of
+another model evaluate random weights and exit 0. The hook checks, before the
+weights are copied, that every tensor of the model (parameters and buffers,
+BatchNorm's ``num_batches_tracked`` aside) gets one of the same shape, and
+otherwise stops with the counts and how to allow it. Fine-tuning from an
+ImageNet backbone goes through the backbone's ``init_cfg``, not this path,
+and is unaffected.
+"""
+import re
+from typing import Dict, List, Mapping
+
+from mmengine.hooks import Hook
+from mmengine.model import is_model_wrapper
+from mmengine.registry import HOOKS
+from torch import nn
+
+OPTION = 'allow_partial_load'
+
+
+class PartialLoadError(RuntimeError):
+    """A checkpoint leaves model tensors without weights."""
+
+
+def load_coverage(model: nn.Module, checkpoint: Mapping) -> Dict[str, List]:
+    """What loading ``checkpoint`` as MMEngine does would leave out.
+
+    Returns ``loaded``, ``missing`` and ``mismatched`` (model keys) and
+    ``unexpected`` (checkpoint keys), and ``unloaded_elements`` /
+    ``total_elements`` (tensor sizes summed).
+    """
+    state = checkpoint.get('state_dict', checkpoint)
+    state = {re.sub(r'^module\.', '', k): v for k, v in state.items()}
+    own = {k: v for k, v in model.state_dict().items()
+           if not k.endswith('num_batches_tracked')}
+    report = dict(loaded=[], missing=[], mismatched=[], unexpected=[])
+    unloaded = 0
+    for key, value in own.items():
+        if key not in state:
+            report['missing'].append(key)
+            unloaded += value.numel()
+        elif tuple(state[key].shape) != tuple(value.shape):
+            report['mismatched'].append(
+                f'{key} {tuple(state[key].shape)}->{tuple(value.shape)}')
+            unloaded += value.numel()
+        else:
+            report['loaded'].append(key)
+    report['unexpected'] = [k for k in state if k not in own and
+                            not k.endswith('num_batches_tracked')]
+    report['unloaded_elements'] = unloaded
+    report['total_elements'] = sum(v.numel() for v in own.values())
+    return report
+
+
+def _examples(keys: List[str], n: int = 3) -> str:
+    """`` (a, b, c, ... N more)`` or nothing for an empty list."""
+    if not keys:
+        return ''
+    more = f', ... {len(keys) - n} more' if len(keys) > n else ''
+    return ' (' + ', '.join(keys[:n]) + more + ')'
+
+
+def describe_coverage(report: Dict[str, List], model: nn.Module,
+                      source: str) -> str:
+    """One paragraph with the counts of :func:`load_coverage`."""
+    missing, mismatched = report['missing'], report['mismatched']
+    loaded, unexpected = report['loaded'], report['unexpected']
+    total = len(loaded) + len(missing) + len(mismatched)
+    share = report['unloaded_elements'] / max(report['total_elements'], 1)
+    text = (f'{source} leaves {total - len(loaded)} of {total} tensors of '
+            f'{type(model).__name__} ({share:.1%} of its weights) unloaded: '
+            f'{len(missing)} missing from the checkpoint{_examples(missing)}, '
+            f'{len(mismatched)} with another shape{_examples(mismatched)}; '
+            f'{len(loaded)} loaded, {len(unexpected)} checkpoint keys '
+            f'unused{_examples(unexpected)}.')
+    if not loaded:
+        text += (' None of its keys fit this model (another model?); '
+                 f'expected keys like{_examples(missing)}.')
+    return text
+
+
+@HOOKS.register_module(force=True)
+class CheckpointCoverageHook(Hook):
+    """Stop when ``load_from`` / ``tools/test.py``'s checkpoint / a resumed
+    checkpoint leaves model tensors without weights (missing or of another
+    shape), unless the config sets ``allow_partial_load = True``
+    (``--allow-partial-load`` of tools/train.py and tools/test.py); then the
+    counts are logged as a warning. Added by tools/train.py and
+    tools/test.py."""
+
+    priority = 'VERY_HIGH'
+
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        model = runner.model.module if is_model_wrapper(
+            runner.model) else runner.model
+        report = load_coverage(model, checkpoint)
+        if not report['missing'] and not report['mismatched']:
+            return
+        source = runner.cfg.get('load_from') or 'the checkpoint'
+        text = describe_coverage(report, model, f'checkpoint {source}')
+        if runner.cfg.get(OPTION, False):
+            runner.logger.warning(f'{text} Loading it anyway ({OPTION}).')
+            return
+        raise PartialLoadError(
+            f'{text} The model would run with random weights there. If that '
+            'is intended (e.g. fine-tuning a detector with other classes), '
+            'pass --allow-partial-load to tools/train.py / tools/test.py or '
+            f'set {OPTION} = True in the config.')
+
+
+def add_coverage_check(cfg, allow_partial_load: bool = False) -> None:
+    """Add the hook to ``cfg.custom_hooks`` (once); ``allow_partial_load``
+    (a tool's ``--allow-partial-load``) sets the config's option."""
+    hooks = cfg.get('custom_hooks') or []
+    if not any(h.get('type') == CheckpointCoverageHook.__name__
+               for h in hooks):
+        cfg.custom_hooks = [*hooks, dict(type=CheckpointCoverageHook.__name__)]
+    if allow_partial_load:
+        cfg[OPTION] = True
