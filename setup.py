@@ -40,9 +40,9 @@ EXTRAS['all'] = sorted({r for reqs in EXTRAS.values() for r in reqs})
 # OpenMMLab's client (`mim search`, `mim download`) reads model-index.yml, the
 # metafiles and the configs from <installed package>/.mim/, as it does for
 # mmdet. They live at the top of the repository, so they are placed there
-# when a package is built: copied for wheels and sdists, linked for a
-# `setup.py develop` install so edits show. (A PEP 660 editable install is
-# invisible to mim 0.3.9 either way: docs/environments.md.)
+# when a package is built: copied for wheels and sdists, linked for an
+# editable install so edits show (mim finds an editable install with the clone
+# on PYTHONPATH: docs/environments.md).
 MIM_FILES = ('model-index.yml', 'configs', 'tools')
 
 

@@ -141,3 +141,15 @@ def test_mim_download_fetches_the_release_file(site, tmp_path):
     assert f'fetched {RELEASE}{DET_FILE}' in out
     assert (dest / DET_FILE).read_bytes() == payload
     assert (dest / f'{DET_CONFIG}.py').is_file()
+
+
+def test_mim_sees_an_editable_install(tmp_path):
+    """With the clone first on PYTHONPATH (docs/environments.md), mim reads
+    the clone's metadata and the .mim/ links that `pip install -e .` made."""
+    links = ROOT / 'clustr_mm' / '.mim'
+    assert (links / 'model-index.yml').is_file(), \
+        f'{links} is missing: run pip install -e . (tools/setup_env.sh)'
+    out = _run([str(MIM), 'search', 'clustr_mm', '--valid-config'], ROOT,
+               tmp_path)
+    for config in ROOT.glob('configs/*/*.py'):
+        assert f"'{config.stem}'" in out, config.stem

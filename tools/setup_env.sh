@@ -117,8 +117,11 @@ sys.exit(0 if (int(v[0]), int(v[1])) >= (2, 5) else 1)'; then
   fi
   "${PIP[@]}" install -q --no-deps "$XT_DIR"/xtcocotools-*.whl
 
-  step "6/7 mmpose 1.3.2 (without its declared deps: chumpy does not build)"
-  "${PIP[@]}" install -q --no-deps mmpose==1.3.2
+  # Both without their declared deps: mmpose's chumpy does not build, and
+  # openmim's opendatalab -> openxlab pins numpy and setuptools (it would
+  # move the stack). Their real runtime needs are in requirements/.
+  step "6/7 mmpose 1.3.2 and openmim 0.3.9 (without their declared deps)"
+  "${PIP[@]}" install -q --no-deps mmpose==1.3.2 openmim==0.3.9
 
   step "7/7 clustr_mm (editable, plain 'pip install -e .': must not move the stack)"
   stack_versions() {
