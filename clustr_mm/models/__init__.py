@@ -1,1 +1,1 @@
-from . import backbones, layers  # noqa: F401
+from . import backbones, heads, layers  # noqa: F401
