@@ -300,14 +300,15 @@ def test_frozen_stages_and_norm_eval():
     model = ClusTR('tiny', frozen_stages=2).train()
     for i in range(4):
         frozen = i < 2  # the first two stages, with their patch embeddings
-        for part in (model.patch_embeds[i], model.stages[i], model.norms[i]):
-            assert all(p.requires_grad != frozen for p in part.parameters())
-            assert all(m.training != frozen for m in part.modules())
+        part = model.stages[i]
+        assert all(p.requires_grad != frozen for p in part.parameters())
+        assert all(m.training != frozen for m in part.modules())
     # 0 freezes only the first patch embedding (the stem).
     model = ClusTR('tiny', frozen_stages=0).train()
-    assert [all(not p.requires_grad for p in e.parameters())
-            for e in model.patch_embeds] == [True, False, False, False]
-    assert all(p.requires_grad for p in model.stages.parameters())
+    assert [all(not p.requires_grad for p in s.downsample.parameters())
+            for s in model.stages] == [True, False, False, False]
+    assert all(p.requires_grad for s in model.stages
+               for p in s.blocks.parameters())
     model = ClusTR('tiny', norm_eval=True).train()
     for m in model.modules():
         assert m.training != isinstance(m, nn.LayerNorm)
@@ -363,11 +364,12 @@ def to_official(state_dict):
     """Our backbone keys -> the official code's keys (inverse of the map)."""
     official = {}
     for key, value in state_dict.items():
-        key = re.sub(r'^patch_embeds\.(\d+)',
+        key = re.sub(r'^stages\.(\d+)\.downsample',
                      lambda m: f'patch_embed{int(m[1]) + 1}', key)
-        key = re.sub(r'^stages\.(\d+)', lambda m: f'block{int(m[1]) + 1}',
-                     key)
-        key = re.sub(r'^norms\.(\d+)', lambda m: f'norm{int(m[1]) + 1}', key)
+        key = re.sub(r'^stages\.(\d+)\.blocks',
+                     lambda m: f'block{int(m[1]) + 1}', key)
+        key = re.sub(r'^stages\.(\d+)\.norm',
+                     lambda m: f'norm{int(m[1]) + 1}', key)
         key = key.replace('.mlp.dwconv.', '.mlp.dwconv.dwconv.')
         official[key] = value
     return official
@@ -436,8 +438,8 @@ def test_converter_reports_mismatches(tmp_path):
          str(tmp_path / 'out.pth'), '--arch', 'tiny'],
         capture_output=True, text=True, cwd=REPO)
     assert result.returncode != 0
-    assert 'backbone.norms.3.weight' in result.stdout
-    assert 'backbone.stages.0.0.attn.q.bias' in result.stdout
+    assert 'backbone.stages.3.norm.weight' in result.stdout
+    assert 'backbone.stages.0.blocks.0.attn.q.bias' in result.stdout
     assert 'relative_bias (no rule)' in result.stdout
     assert not (tmp_path / 'out.pth').exists()
 

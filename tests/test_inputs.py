@@ -49,13 +49,29 @@ def test_non_finite_input_refused(backbone, bad):
         model(x)
 
 
-def test_diverged_activations_never_cluster_silently():
-    model = build('ClusTR')
+@pytest.mark.parametrize('name', sorted(SMALL))
+def test_non_finite_weights_are_named(name):
+    model = build(name)
     with torch.no_grad():
-        model.patch_embeds[0].proj.weight.fill_(float('nan'))
-    with pytest.raises(RuntimeError,
-                       match='stage 1 produced non-finite activations'):
+        model.stages[1].blocks[0].norm1.weight.fill_(float('nan'))
+    with pytest.raises(RuntimeError, match=(
+            r"stage 2 produced NaN/Inf .*weight tensor\(s\) hold NaN/Inf, "
+            r"first \['stages\.1\.blocks\.0\.norm1\.weight'\]")):
         model(torch.randn(1, 3, 64, 64))
+
+
+@pytest.mark.parametrize('name', sorted(SMALL))
+def test_overflowing_images_are_named_not_called_a_divergence(name):
+    model = build(name)
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 64, 64)
+    with pytest.raises(RuntimeError, match=(
+            r'stage 1 produced NaN/Inf .*the images reach \|x\| = '
+            r'\d\.\d+e\+20')) as error:
+        model(x * 1e20)
+    assert 'diverged' not in str(error.value)
+    with torch.no_grad():  # large but representable: still runs
+        assert all(torch.isfinite(o).all() for o in model(x * 1e5))
 
 
 def test_empty_batch_gives_empty_maps(backbone):
@@ -93,6 +109,57 @@ def test_bad_construction_arguments_are_named(name, kwargs, word):
     cfg.update(kwargs)
     with pytest.raises(ValueError, match=word):
         MODELS.build(cfg)
+
+
+def arch_with(name, **settings):
+    return dict(SMALL[name], **settings)
+
+
+# argument, value found and what is expected, all named
+@pytest.mark.parametrize('name', sorted(SMALL))
+@pytest.mark.parametrize('kwargs,message', [
+    (dict(arch=dict(num_heads=(0, 1, 2, 4))),
+     r"arch 'num_heads' must be a sequence of 4 ints >= 1 .*got \(0, 1, 2, 4\)"),
+    (dict(arch=dict(embed_dims=(0, 16, 32, 64))),
+     r"arch 'embed_dims' must be .* ints >= 1 .*got \(0, 16, 32, 64\)"),
+    (dict(arch=dict(mlp_ratios=(0, 2, 2, 2))),
+     r"arch 'mlp_ratios' must be .* numbers >= 1e-09 .*got \(0, 2, 2, 2\)"),
+    (dict(arch=dict(depths=(1.0, 1.0, 1.0, 1.0))),
+     r"arch 'depths' must be .* ints >= 1 .*got \(1\.0, 1\.0, 1\.0, 1\.0\)"),
+    (dict(arch=dict(depths=(-1, 1, 1, 1))),
+     r"arch 'depths' must be .* ints >= 1 .*got \(-1, 1, 1, 1\)"),
+    (dict(arch=dict(depths=3)), r"arch 'depths' must be a sequence .*got 3"),
+    (dict(in_channels=0), r'in_channels must be an int >= 1, got 0'),
+    (dict(frozen_stages=1.5), r'frozen_stages must be an int >= -1, got 1\.5'),
+    (dict(out_indices=(True, )),
+     r'out_indices entry True is not a stage index \(an int in \[-4, 3\]\)'),
+    (dict(out_indices='0'), r"out_indices must be an int or a sequence of "
+     r"ints, got '0'"),
+    (dict(with_cp=1), r'with_cp must be True or False, got 1'),
+])
+def test_construction_errors_name_argument_value_and_expectation(
+        name, kwargs, message):
+    if 'arch' in kwargs:
+        kwargs = dict(kwargs, arch=arch_with(name, **kwargs['arch']))
+    with pytest.raises(ValueError, match=message):
+        MODELS.build(dict(type=name, **{'arch': SMALL[name], **kwargs}))
+
+
+@pytest.mark.parametrize('name,kwargs,message', [
+    ('ClusTR', dict(window_size=8.0), r'window_size must be a positive int '
+     r'\(stage 1, halved per stage\) or 4 positive ints, got 8\.0'),
+    ('ClusTR', dict(window_size=(8, 4)), r'window_size must be a positive '
+     r'int or 4 positive ints \(one per stage\), got \(8, 4\)'),
+    ('ClusTR', dict(max_chunk_elems=0),
+     r'max_chunk_elems must be an int >= 1, got 0'),
+    ('PaCaViT', dict(num_clusters=100), r'num_clusters must be a sequence of '
+     r'4 ints >= 0 \(one per stage\), got 100'),
+    ('PaCaViT', dict(clustering_interval=-1),
+     r'clustering_interval must be an int >= 0, got -1'),
+])
+def test_backbone_specific_errors_are_named(name, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        MODELS.build(dict(type=name, arch=SMALL[name], **kwargs))
 
 
 def test_clustr_bad_clustering_settings_are_named():

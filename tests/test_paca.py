@@ -92,11 +92,13 @@ def test_assignments_sum_to_one_over_tokens(clustering):
     expected_clusters = (5, 6, 7, 8) if clustering == 'teacher' else CLUSTERS
     hw = [(10, 14), (5, 7), (3, 4), (2, 2)]
     for stage, m, (h, w) in zip(model.assignments, expected_clusters, hw):
-        assert len(stage) == (1 if m else 0)
-        for a in stage:
-            assert a.shape == (2, m, h, w)
-            assert (a >= 0).all()
-            torch.testing.assert_close(a.sum(dim=(2, 3)), torch.ones(2, m))
+        for scales in stage:  # per block, one soft map (none: full attn)
+            assert len(scales) == (1 if m else 0)
+            for a in scales:
+                assert a.shape == (2, m, h, w)
+                assert (a >= 0).all()
+                torch.testing.assert_close(a.sum(dim=(2, 3)),
+                                           torch.ones(2, m))
 
 
 def test_assignments_not_kept_by_default():
@@ -122,8 +124,9 @@ def test_stage_wise_shared_assignment():
     model.stages[2].blocks[2].attn.register_forward_hook(
         lambda mod, args, out: seen.append(args[2]))
     outputs(model, torch.randn(1, 3, 64, 64))
-    kept = model.assignments[2][0]
-    torch.testing.assert_close(seen[0].reshape(kept.shape), kept)
+    kept = model.assignments[2]
+    torch.testing.assert_close(seen[0].reshape(kept[0][0].shape), kept[0][0])
+    assert all(torch.equal(k[0], kept[0][0]) for k in kept[1:])
 
 
 def test_per_block_assignment():
@@ -132,7 +135,10 @@ def test_per_block_assignment():
     assert owners(per_block) == [[True, True], [True], [True, True, True],
                                  [False]]
     outputs(per_block, torch.randn(1, 3, 64, 64))
-    assert [len(s) for s in per_block.assignments] == [2, 1, 3, 0]
+    kept = per_block.assignments
+    assert [[len(b) for b in s] for s in kept] == [[1, 1], [1], [1, 1, 1],
+                                                  [0]]
+    assert not torch.equal(kept[0][0][0], kept[0][1][0])
     n_shared = sum(p.numel() for p in shared.parameters())
     assert sum(p.numel() for p in per_block.parameters()) > n_shared
     assert owners(build(clustering_interval=2))[2] == [True, False, True]
@@ -145,7 +151,9 @@ def test_teacher_path():
     randomise_bn(model)
     x = torch.randn(1, 3, 48, 64)
     before = outputs(model, x)
-    assert [len(s) for s in model.assignments] == [1, 1, 1, 1]
+    # every block of every stage applies the teacher's assignment
+    assert [[len(b) for b in s] for s in model.assignments] == [
+        [1] * len(s.blocks) for s in model.stages]
     # the teacher's assignments and its stage features both reach the output
     with torch.no_grad():
         model.teacher.to_clusters['2'].weight.mul_(3)
@@ -161,7 +169,8 @@ def test_teacher_with_unclustered_stage():
     model = build('teacher', num_clusters=(5, 0, 7, 0), keep_assignments=True)
     assert sorted(model.teacher.to_clusters) == ['0', '2']
     outputs(model, torch.randn(1, 3, 32, 32))
-    assert [len(s) for s in model.assignments] == [1, 0, 1, 0]
+    assert [{len(b) for b in s} for s in model.assignments] == [
+        {1}, {0}, {1}, {0}]
 
 
 def test_frozen_stages():

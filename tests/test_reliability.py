@@ -86,7 +86,7 @@ def _forward(model, x, bf16=False):
         outs = [o.float() for o in model(x)]
     if isinstance(model, MODELS.get('PaCaViT')):
         assigns = [a.float().clone() for stage in model.assignments
-                   for a in stage]
+                   for block in stage for a in block]
     else:
         assigns = [a.clone() for m in _reducers(model)
                    for a in m.assignments]

@@ -2,12 +2,12 @@
 
 :class:`PyramidBackbone` holds what ClusTR and PaCaViT do alike around their
 own architecture: the arch table (``arch`` as a zoo name or a dict), the
-``out_indices`` / ``frozen_stages`` / ``norm_eval`` options, ``train()``
-re-applying the freezing, and ``init_weights`` (the official from-scratch
-init, then ``init_cfg``, a ``Pretrained`` entry loaded last). A backbone
-names its frozen modules (:meth:`PyramidBackbone._frozen_modules`) and which
-norm layers ``norm_eval`` affects; :func:`per_stage_reducers` expands the
-``reducers`` argument of both.
+``out_indices`` / ``frozen_stages`` / ``norm_eval`` / ``with_cp`` /
+``keep_assignments`` options, the forward pass (a loop over
+:class:`~.stage.PyramidStage` modules with the input and output checks),
+``train()`` re-applying the freezing, and ``init_weights`` (the official
+from-scratch init, then ``init_cfg``, a ``Pretrained`` entry loaded last).
+:func:`per_stage_reducers` expands the ``reducers`` argument of both.
 """
 import copy
 import math
@@ -15,12 +15,20 @@ from functools import partial
 from typing import (Dict, Iterable, List, Mapping, Optional, Sequence, Tuple,
                     Type, Union)
 
+import torch
 from mmengine.model import BaseModule
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ...checkpoints.loading import init_backbone_weights
+from .pretrained import init_backbone_weights
 from ..layers.reducers import PointwiseConv
+from .checks import check_images, check_int, check_per_stage, check_stage_output
+
+
+# smallest value and whether ints are required, per arch key
+ARCH_VALUES = dict(embed_dims=(1, True), num_heads=(1, True),
+                   depths=(1, True), teacher_depths=(1, True),
+                   mlp_ratios=(1e-9, False), sr_ratios=(1, True))
 
 
 def parse_arch(arch: Union[str, dict], arch_zoo: Mapping[str, dict],
@@ -30,9 +38,10 @@ def parse_arch(arch: Union[str, dict], arch_zoo: Mapping[str, dict],
     """Settings of a named arch of ``arch_zoo`` or of an arch dict.
 
     A dict must have every ``required`` key and no key other than those,
-    ``defaults`` (which fill what it leaves out) and ``optional`` (kept as
-    given, unchecked). Every required and defaulted entry becomes a tuple of
-    one value per stage (``num_stages``, or as many as ``depths`` has), and
+    ``defaults`` (which fill what it leaves out) and ``optional``. Every
+    entry becomes a tuple of one value per stage (``num_stages``, or as many
+    as ``depths`` has), checked against :data:`ARCH_VALUES` (a stage has at
+    least one block, head and channel; ``mlp_ratios`` are positive), and
     every stage's ``embed_dims`` must divide by its ``num_heads``.
     """
     if isinstance(arch, str):
@@ -55,12 +64,20 @@ def parse_arch(arch: Union[str, dict], arch_zoo: Mapping[str, dict],
         raise ValueError(f'arch must be a str or dict, got {type(arch)}')
     for key, value in defaults.items():
         settings.setdefault(key, value)
-    n = len(settings['depths']) if num_stages is None else num_stages
+    depths = settings['depths']
+    n = num_stages
+    if n is None:
+        n = (len(depths) if isinstance(depths, Sequence)
+             and not isinstance(depths, str) else None)
     for key in list(required) + list(defaults):
-        settings[key] = tuple(settings[key])
-        if len(settings[key]) != n:
-            raise ValueError(f'arch {key!r} has {len(settings[key])} entries, '
-                             f'needs {n} (one per stage): {settings[key]}')
+        minimum, integer = ARCH_VALUES.get(key, (1, True))
+        settings[key] = check_per_stage(f'arch {key!r}', settings[key], n,
+                                        minimum, integer)
+    for key in optional:
+        if key in settings and key in ARCH_VALUES:
+            minimum, integer = ARCH_VALUES[key]
+            settings[key] = check_per_stage(f'arch {key!r}', settings[key],
+                                            n, minimum, integer)
     for i, (dim, heads) in enumerate(
             zip(settings['embed_dims'], settings['num_heads'])):
         if dim % heads:
@@ -72,13 +89,18 @@ def parse_arch(arch: Union[str, dict], arch_zoo: Mapping[str, dict],
 def parse_out_indices(out_indices: Union[int, Sequence[int]],
                       num_stages: int) -> Tuple[int, ...]:
     """Sorted, non-negative stage indices; negative ones count from the end."""
-    if isinstance(out_indices, int):
+    if isinstance(out_indices, int) and not isinstance(out_indices, bool):
         out_indices = [out_indices]
     parsed = set()
+    if isinstance(out_indices, (str, bytes)) or not isinstance(
+            out_indices, Sequence):
+        raise ValueError('out_indices must be an int or a sequence of ints, '
+                         f'got {out_indices!r}')
     for idx in out_indices:
-        if not isinstance(idx, int) or not -num_stages <= idx < num_stages:
-            raise ValueError(f'out_indices entry {idx!r} is out of range for '
-                             f'{num_stages} stages')
+        if (isinstance(idx, bool) or not isinstance(idx, int)
+                or not -num_stages <= idx < num_stages):
+            raise ValueError(f'out_indices entry {idx!r} is not a stage index '
+                             f'(an int in [-{num_stages}, {num_stages - 1}])')
         parsed.add(idx % num_stages)
     if not parsed:
         raise ValueError('out_indices must name at least one stage')
@@ -136,35 +158,113 @@ def official_init(m: nn.Module, pointwise_as_conv: bool = True) -> None:
 class PyramidBackbone(BaseModule):
     """Base of the multi-stage backbones (not registered, not built alone).
 
-    Subclasses set ``arch_zoo``, ``norm_eval_types`` (the norm layers
+    A subclass sets ``arch_zoo``, ``norm_eval_types`` (the norm layers
     ``norm_eval`` keeps in eval mode) and ``init_pointwise_as_conv`` (see
-    :func:`official_init`), call :meth:`_set_stage_options` in ``__init__``,
-    end it with ``self.train(self.training)`` and implement
-    :meth:`_frozen_modules`.
+    :func:`official_init`); its ``__init__`` calls
+    :meth:`_set_stage_options`, builds ``self.stages`` (one
+    :class:`~.stage.PyramidStage` per stage) and ends with
+    :meth:`_finish_init`. It implements :meth:`_frozen_modules` and, if
+    something runs before the stages, :meth:`forward_stem`.
     """
 
     arch_zoo: Dict[str, dict] = {}
     norm_eval_types: Tuple[Type[nn.Module], ...] = (_BatchNorm, )
     init_pointwise_as_conv: bool = True
 
-    def _set_stage_options(self, num_stages: int,
+    def _set_stage_options(self, num_stages: int, in_channels: int,
                            out_indices: Union[int, Sequence[int]],
                            frozen_stages: int, norm_eval: bool,
                            drop_path_rate: float) -> None:
         """Check and store the options every backbone has."""
+        self.in_channels = check_int('in_channels', in_channels, 1)
         self.out_indices = parse_out_indices(out_indices, num_stages)
-        if not -1 <= frozen_stages <= num_stages:
+        frozen_stages = check_int('frozen_stages', frozen_stages, -1)
+        if frozen_stages > num_stages:
             raise ValueError(f'frozen_stages must be in [-1, {num_stages}], '
                              f'got {frozen_stages}')
-        if not 0.0 <= drop_path_rate < 1.0:
-            raise ValueError('drop_path_rate must be in [0, 1), got '
-                             f'{drop_path_rate}')
+        if (isinstance(drop_path_rate, bool)
+                or not isinstance(drop_path_rate, (int, float))
+                or not 0.0 <= drop_path_rate < 1.0):
+            raise ValueError('drop_path_rate must be a number in [0, 1), got '
+                             f'{drop_path_rate!r}')
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
+
+    def _finish_init(self, with_cp: bool, keep_assignments: bool) -> None:
+        """Apply the options that reach into the stages, then freeze."""
+        self.with_cp = with_cp
+        self.keep_assignments = keep_assignments
+        self.train(self.training)  # frozen_stages and norm_eval from the start
+
+    @property
+    def with_cp(self) -> bool:
+        """Checkpoint every block (see :class:`~.stage.PyramidStage`): the
+        blocks' activations are recomputed in the backward pass instead of
+        kept, which saves memory for the time of one more forward."""
+        return self._with_cp
+
+    @with_cp.setter
+    def with_cp(self, on: bool) -> None:
+        if not isinstance(on, bool):
+            raise ValueError(f'with_cp must be True or False, got {on!r}')
+        self._with_cp = on
+        for stage in self.stages:
+            stage.with_cp = on
+
+    @property
+    def keep_assignments(self) -> bool:
+        """Record the cluster assignments of every forward in
+        :attr:`assignments` (for visualisation; off: nothing is kept)."""
+        return self._keep_assignments
+
+    @keep_assignments.setter
+    def keep_assignments(self, on: bool) -> None:
+        if not isinstance(on, bool):
+            raise ValueError('keep_assignments must be True or False, got '
+                             f'{on!r}')
+        self._keep_assignments = on
+        for stage in self.stages:
+            stage.keep_assignments = on
+            stage.assignments = []
+            for block in stage.blocks:
+                block.attn.record_assignments = on
+
+    @property
+    def assignments(self) -> List[List[List[torch.Tensor]]]:
+        """With :attr:`keep_assignments`, the last forward's assignments:
+        ``[stage][block][scale]``, each a detached map on the stage's grid,
+        (B, H, W) cluster ids (DPC-kNN and other hard reducers) or
+        (B, M, H, W) soft weights (PaCa); no scales for full attention.
+        Empty when not kept."""
+        if not self._keep_assignments:
+            return []
+        return [stage.assignments for stage in self.stages]
 
     def _frozen_modules(self) -> Iterable[nn.Module]:
         """The modules ``frozen_stages`` freezes."""
         raise NotImplementedError
+
+    def forward_stem(self, images: torch.Tensor
+                     ) -> Tuple[torch.Tensor, List[tuple]]:
+        """What runs before the stages: the first stage's input and, per
+        stage, the extra arguments of its forward (none by default)."""
+        return images, [()] * len(self.stages)
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """(B, in_channels, H, W) images -> the ``out_indices`` stages' maps,
+        (B, C_i, H_i, W_i) at strides 4, 8, 16, 32."""
+        check_images(x, self.in_channels, type(self).__name__)
+        images = x
+        x, stage_args = self.forward_stem(images)
+        outs = []
+        for i, stage in enumerate(self.stages):
+            x = stage(x, *stage_args[i])
+            check_stage_output(self, i, x, images)
+            if i in self.out_indices:
+                # standard NCHW: necks and heads (mmcv's CPU RoIAlign) read
+                # a channels-last map as NCHW
+                outs.append(x.contiguous())
+        return tuple(outs)
 
     def train(self, mode: bool = True):
         """``nn.Module.train(mode)``, which undoes the freezing, then freeze.
@@ -183,6 +283,13 @@ class PyramidBackbone(BaseModule):
                 if isinstance(m, self.norm_eval_types):
                     m.eval()
         return self
+
+    @classmethod
+    def upgrade_state_dict(cls, state_dict: Mapping[str, torch.Tensor]
+                           ) -> Dict[str, torch.Tensor]:
+        """A state dict of an older layout of this backbone in today's key
+        names (keys of the current layout pass unchanged)."""
+        return dict(state_dict)
 
     def init_weights(self) -> None:
         """Official init, then ``init_cfg`` (:func:`init_backbone_weights`)."""

@@ -3,18 +3,25 @@ clustering for vision transformers"): a four-stage pyramid whose attention
 takes its keys/values from DPC-kNN cluster tokens (or, per stage, from any
 registered token reducer: ``reducers``).
 """
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+import re
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...registry import register_model
+from ..layers import ClusterAttention, ConvFFN, DropPath, OverlapPatchEmbed
 from .base import PyramidBackbone, parse_arch, per_stage_reducers
-from .inputs import check_images
-from ..layers.graph_safety import assert_finite
-from ..layers import (ClusterAttention, ConvFFN, DropPath,
-                      OverlapPatchEmbed, tokens_to_map)
+from .checks import check_int
+from .stage import PyramidStage, drop_path_rates
+
+# Keys of checkpoints saved before the stages were modules of their own.
+_LEGACY_KEYS = [
+    (re.compile(r'^patch_embeds\.(\d+)\.'), r'stages.\1.downsample.'),
+    (re.compile(r'^stages\.(\d+)\.(\d+)\.'), r'stages.\1.blocks.\2.'),
+    (re.compile(r'^norms\.(\d+)\.'), r'stages.\1.norm.'),
+]
 
 
 class ClusTRBlock(nn.Module):
@@ -39,9 +46,12 @@ class ClusTRBlock(nn.Module):
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.mlp = ConvFFN(dim, int(dim * mlp_ratio))
 
-    def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, hw: Tuple[int, int],
+                assignment: Optional[torch.Tensor] = None):
+        """(tokens, grid, assignment) -> (tokens, assignment): ClusTR blocks
+        cluster on their own and pass a stage's assignment on unchanged."""
         x = x + self.drop_path(self.attn(self.norm1(x), hw))
-        return x + self.drop_path(self.mlp(self.norm2(x), hw))
+        return x + self.drop_path(self.mlp(self.norm2(x), hw)), assignment
 
 
 @register_model
@@ -94,6 +104,12 @@ class ClusTR(PyramidBackbone):
         compact_qv (bool): Armour compact attention: values come from the
             query projection (one C x C projection fewer per scale and
             block). Default False.
+        with_cp (bool): Gradient checkpointing of every block: less memory
+            in training for one more forward of the blocks (the clustering
+            is recomputed from the same input, so it is the same). Default
+            False.
+        keep_assignments (bool): Record each forward's cluster ids in
+            ``self.assignments`` (for visualisation). Default False.
         init_cfg (dict | list[dict], optional): MMEngine init config, e.g.
             ``dict(type='Pretrained', checkpoint=..., prefix='backbone.')``.
             Without one, the official initialisation is used.
@@ -129,6 +145,8 @@ class ClusTR(PyramidBackbone):
                  max_chunk_elems: Optional[int] = None,
                  reducers: Union[dict, Sequence[Optional[dict]], None] = None,
                  compact_qv: bool = False,
+                 with_cp: bool = False,
+                 keep_assignments: bool = False,
                  init_cfg: Optional[Union[dict, list]] = None):
         super().__init__(init_cfg=init_cfg)
         settings = self._parse_arch(arch)
@@ -138,65 +156,59 @@ class ClusTR(PyramidBackbone):
         self.mlp_ratios = list(settings['mlp_ratios'])
         self.sr_ratios = list(settings['sr_ratios'])
         self.num_stages = len(self.depths)
-        self.in_channels = in_channels
-
+        self._set_stage_options(self.num_stages, in_channels, out_indices,
+                                frozen_stages, norm_eval, drop_path_rate)
         if clustering_mode not in self.clustering_modes:
             raise ValueError(
                 f'clustering_mode must be one of {self.clustering_modes}, '
                 f'got {clustering_mode!r}')
         self.clustering_mode = clustering_mode
         self.window_sizes = self._parse_window_size(window_size)
+        if max_chunk_elems is not None:
+            check_int('max_chunk_elems', max_chunk_elems, 1)
         self.reducers = self._parse_reducers(reducers)
         self.compact_qv = compact_qv
-        self._set_stage_options(self.num_stages, out_indices, frozen_stages,
-                                norm_eval, drop_path_rate)
 
-        total = sum(self.depths)
-        dpr = [drop_path_rate * i / max(total - 1, 1) for i in range(total)]
-        self.patch_embeds = nn.ModuleList()
+        rates = drop_path_rates(drop_path_rate, self.depths)
+        windows = (self.window_sizes if clustering_mode == 'window' else
+                   [None] * self.num_stages)
+        cin = self.in_channels
         self.stages = nn.ModuleList()
-        self.norms = nn.ModuleList()
-        cin, cur = in_channels, 0
-        for i, (dim, depth) in enumerate(zip(self.embed_dims, self.depths)):
+        for i, dim in enumerate(self.embed_dims):
             first = i == 0
-            self.patch_embeds.append(
+            self.stages.append(PyramidStage(
                 OverlapPatchEmbed(cin, dim, kernel_size=7 if first else 3,
-                                  stride=4 if first else 2))
-            window = (self.window_sizes[i]
-                      if clustering_mode == 'window' else None)
-            self.stages.append(nn.ModuleList([
-                ClusTRBlock(dim, self.num_heads[i], self.mlp_ratios[i],
-                            self.sr_ratios[i], dpr[cur + j], window,
-                            max_chunk_elems, self.reducers[i], compact_qv)
-                for j in range(depth)
-            ]))
-            self.norms.append(nn.LayerNorm(dim, eps=1e-6))
-            cin, cur = dim, cur + depth
-        self.train(self.training)  # frozen_stages and norm_eval from the start
+                                  stride=4 if first else 2),
+                [ClusTRBlock(dim, self.num_heads[i], self.mlp_ratios[i],
+                             self.sr_ratios[i], rate, windows[i],
+                             max_chunk_elems, self.reducers[i], compact_qv)
+                 for rate in rates[i]],
+                dim))
+            cin = dim
+        self._finish_init(with_cp, keep_assignments)
 
     def _parse_arch(self, arch: Union[str, dict]) -> dict:
-        settings = parse_arch(arch, self.arch_zoo, self.essential_keys,
-                              dict(sr_ratios=self.default_sr_ratios))
-        if any(not isinstance(sr, int) or sr < 1
-               for sr in settings['sr_ratios']):
-            raise ValueError(f"arch sr_ratios must be positive ints, got "
-                             f"{settings['sr_ratios']}")
-        return settings
+        return parse_arch(arch, self.arch_zoo, self.essential_keys,
+                          dict(sr_ratios=self.default_sr_ratios))
 
     def _parse_window_size(self, window_size) -> list:
-        if isinstance(window_size, int):
-            if window_size < 1:
-                raise ValueError(f'window_size must be a positive int, got '
-                                 f'{window_size}')
+        if isinstance(window_size, int) and not isinstance(window_size, bool):
+            check_int('window_size', window_size, 1)
             sizes = [max(1, window_size >> i) for i in range(self.num_stages)]
-        else:
+        elif isinstance(window_size, Sequence) and not isinstance(
+                window_size, str):
             sizes = list(window_size)
-            if len(sizes) != self.num_stages:
-                raise ValueError(f'window_size needs {self.num_stages} '
-                                 f'entries, got {window_size}')
-        if any(not isinstance(s, int) or s < 1 for s in sizes):
-            raise ValueError(f'window_size must be positive ints, got '
-                             f'{window_size}')
+            if len(sizes) != self.num_stages or any(
+                    isinstance(s, bool) or not isinstance(s, int) or s < 1
+                    for s in sizes):
+                raise ValueError(
+                    f'window_size must be a positive int or {self.num_stages}'
+                    f' positive ints (one per stage), got {window_size!r}')
+        else:
+            raise ValueError(
+                f'window_size must be a positive int (stage 1, halved per '
+                f'stage) or {self.num_stages} positive ints, got '
+                f'{window_size!r}')
         for i, (size, sr) in enumerate(zip(sizes, self.sr_ratios)):
             # A window must hold at least one coarse cluster's worth of
             # tokens (sr x sr), or it would ask for more clusters than tokens.
@@ -216,30 +228,29 @@ class ClusTR(PyramidBackbone):
     def _frozen_modules(self) -> List[nn.Module]:
         if self.frozen_stages < 0:
             return []
-        frozen = [self.patch_embeds[0]]
-        for i in range(self.frozen_stages):
-            frozen += [self.patch_embeds[i], self.stages[i], self.norms[i]]
-        return frozen
+        return [self.stages[0].downsample, *self.stages[:self.frozen_stages]]
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        check_images(x, self.in_channels, 'ClusTR')
-        outs = []
-        for i in range(self.num_stages):
-            tokens, hw = self.patch_embeds[i](x)
-            for block in self.stages[i]:
-                tokens = block(tokens, hw)
-            tokens = self.norms[i](tokens)
-            # Once per stage instead of per clustering call: NaN/Inf in any
-            # block spreads to every token (through the merged keys/values),
-            # and a LayerNorm turns Inf into NaN. No host sync (see
-            # graph_safety.assert_true).
-            assert_finite(tokens, (
-                f'ClusTR stage {i + 1} produced non-finite activations '
-                '(NaN/Inf): the run diverged, and the DPC-kNN clusters it was '
-                'given are meaningless'))
-            x = tokens_to_map(tokens, hw)
-            if i in self.out_indices:
-                # Standard NCHW out: mmcv's CPU RoIAlign reads a
-                # channels-last map as NCHW (Mask R-CNN got scrambled RoIs).
-                outs.append(x.contiguous())
-        return tuple(outs)
+    @classmethod
+    def upgrade_state_dict(cls, state_dict: Mapping[str, torch.Tensor]
+                           ) -> Dict[str, torch.Tensor]:
+        """Old ClusTR keys (``patch_embeds.i``, ``stages.i.j``, ``norms.i``)
+        -> today's (``stages.i.downsample``, ``stages.i.blocks.j``,
+        ``stages.i.norm``); any other key passes unchanged."""
+        upgraded = {}
+        for key, value in state_dict.items():
+            for pattern, new in _LEGACY_KEYS:
+                key, done = pattern.subn(new, key)
+                if done:
+                    break
+            upgraded[key] = value
+        return upgraded
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # old checkpoints (saved before the stage modules) load unchanged,
+        # whichever loader walks the modules (torch's or MMEngine's)
+        legacy = [k for k in state_dict if k.startswith(prefix) and (
+            any(p.match(k[len(prefix):]) for p, _ in _LEGACY_KEYS))]
+        for key, value in self.upgrade_state_dict(
+                {k[len(prefix):]: state_dict.pop(k) for k in legacy}).items():
+            state_dict[prefix + key] = value
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)

@@ -16,18 +16,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...registry import register_model
+from ..layers import ConvFFN, DropPath, PaCaAttention, tokens_to_map
+from ..layers.reducers import reducer_class
 from .base import PyramidBackbone, parse_arch, per_stage_reducers
-from .inputs import check_images
-from ..layers import ConvFFN, DropPath, tokens_to_map
-from ..layers.cluster_attention import PaCaAttention
-from ..layers.reducers import assignment_map, reducer_class
+from .checks import check_int, check_per_stage
+from .stage import PyramidStage, drop_path_rates, map_to_tokens
 
 Tokens = Tuple[torch.Tensor, Tuple[int, int]]
-
-
-def _map_to_tokens(x: torch.Tensor) -> torch.Tensor:
-    """(B, C, H, W) -> (B, N, C); a view when ``x`` is channels-last."""
-    return x.flatten(2).transpose(1, 2)
 
 
 class PaCaStem(nn.Module):
@@ -44,7 +39,7 @@ class PaCaStem(nn.Module):
         # already in token order
         x = x.contiguous(memory_format=torch.channels_last)
         x = self.conv2(self.conv1(x))
-        return self.norm(_map_to_tokens(x)), tuple(x.shape[2:])
+        return self.norm(map_to_tokens(x)), tuple(x.shape[2:])
 
 
 class PaCaDownsample(nn.Module):
@@ -55,9 +50,9 @@ class PaCaDownsample(nn.Module):
         self.conv = nn.Conv2d(in_dim, out_dim, 3, stride=2, padding=1)
         self.norm = nn.LayerNorm(out_dim, eps=1e-6)
 
-    def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> Tokens:
-        x = self.conv(tokens_to_map(x, hw))
-        return self.norm(_map_to_tokens(x)), tuple(x.shape[2:])
+    def forward(self, x: torch.Tensor) -> Tokens:
+        x = self.conv(x)
+        return self.norm(map_to_tokens(x)), tuple(x.shape[2:])
 
 
 class PaCaBlock(nn.Module):
@@ -78,30 +73,17 @@ class PaCaBlock(nn.Module):
             reducer=reducer, compact_qv=compact_qv,
             reducer_context=reducer_context)
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
-        self.ffn = ConvFFN(dim, dim * mlp_ratio)
+        self.ffn = ConvFFN(dim, int(dim * mlp_ratio))
         self.drop_path = DropPath(drop_path)
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int],
-                assignment: Optional[torch.Tensor]):
+                assignment: Optional[torch.Tensor] = None):
+        """(tokens, grid, assignment) -> (tokens, the assignment it used,
+        for the next block of the stage)."""
         out, assignment = self.attn(self.norm1(x), hw, assignment)
         x = x + self.drop_path(out)
         x = x + self.drop_path(self.ffn(self.norm2(x), hw))
         return x, assignment
-
-
-class PaCaStage(nn.Module):
-    """Optional downsample, a run of blocks, and the stage's LayerNorm.
-
-    The norm sits on the main path (the next stage starts from it), so every
-    stage has one whether or not its output is returned.
-    """
-
-    def __init__(self, downsample: Optional[nn.Module],
-                 blocks: List[PaCaBlock], dim: int):
-        super().__init__()
-        self.downsample = downsample
-        self.blocks = nn.ModuleList(blocks)
-        self.norm = nn.LayerNorm(dim, eps=1e-6)
 
 
 class ConvMixerLayer(nn.Module):
@@ -236,13 +218,11 @@ class PaCaViT(PyramidBackbone):
         drop_path_rate (float): Stochastic depth, linearly increasing over
             the student blocks. The released ImageNet models used 0.1 (base
             0.5). Default: 0.
-        keep_assignments (bool): Opt-in for visualisation: when True (may also
-            be set on the instance later), every forward stores
-            ``self.assignments``, one list per stage holding each distinct
-            assignment map used in it as a detached (B, M, H, W) tensor
-            (soft) or (B, H, W) cluster ids (hard: DPCKNN, GridPool,
-            CentroidAttention reducers), empty for full-attention stages.
-            Off by default, so the normal path keeps nothing.
+        keep_assignments (bool): Record each forward's assignments in
+            ``self.assignments`` (for visualisation; may also be set on the
+            instance later): per stage and block, the (B, M, H, W) soft
+            assignment it used (or (B, H, W) cluster ids of a hard reducer).
+            Default False: nothing is kept.
         reducers (dict | Sequence[dict | None], optional): Key/value token
             reducer per stage instead of the soft clustering (see
             ``layers/reducers.py``; not with ``clustering='teacher'``). A
@@ -256,9 +236,14 @@ class PaCaViT(PyramidBackbone):
             None: PaCa, i.e. ``dict(type='SoftCluster', net=clustering)``.
         compact_qv (bool): Armour compact attention: values come from the
             query projection (no ``v`` projection). Default False.
+        with_cp (bool): Gradient checkpointing of every student block
+            (their clustering nets included): less memory in training for
+            one more forward of the blocks. The teacher network is not
+            checkpointed (a recomputation would update its BatchNorm
+            statistics twice). Default False.
         init_cfg (dict | list, optional): mmengine init config. A
             ``Pretrained`` entry (optionally with ``prefix``) is loaded with
-            :func:`clustr_mm.checkpoints.load_backbone_state`, which
+            :func:`~.pretrained.load_backbone_state`, which
             re-initialises layers whose cluster count differs from the
             checkpoint and warns about them.
 
@@ -297,43 +282,35 @@ class PaCaViT(PyramidBackbone):
                  keep_assignments: bool = False,
                  reducers: Union[Dict, Sequence[Optional[Dict]], None] = None,
                  compact_qv: bool = False,
+                 with_cp: bool = False,
                  init_cfg: Optional[Union[Dict, List[Dict]]] = None):
         super().__init__(init_cfg=init_cfg)
         if clustering not in self.clusterings:
             raise ValueError(f'clustering must be one of {self.clusterings}, '
                              f'got {clustering!r}')
-        arch = self._resolve_arch(arch, clustering)
+        arch = self.arch_settings(arch, clustering)
         embed_dims, num_heads, depths = (arch['embed_dims'], arch['num_heads'],
                                          arch['depths'])
         mlp_ratios = arch['mlp_ratios']
         if num_clusters is None:
             num_clusters = (100, ) * 4 if clustering == 'teacher' else (
                 100, 100, 100, 0)
-        num_clusters = tuple(num_clusters)
-        if (len(num_clusters) != self.num_stages
-                or any(not isinstance(m, int) or m < 0
-                       for m in num_clusters)):
-            raise ValueError('num_clusters must be 4 non-negative ints, got '
-                             f'{num_clusters}')
-        if not isinstance(clustering_interval, int) or clustering_interval < 0:
-            raise ValueError('clustering_interval must be an int >= 0, got '
-                             f'{clustering_interval!r}')
+        num_clusters = check_per_stage('num_clusters', num_clusters,
+                                       self.num_stages, 0)
+        check_int('clustering_interval', clustering_interval, 0)
         if clustering == 'teacher' and clustering_interval:
             raise ValueError('clustering_interval does not apply to '
                              "clustering='teacher' (the teacher assigns for "
                              'every block)')
-        self._set_stage_options(self.num_stages, out_indices, frozen_stages,
-                                norm_eval, drop_path_rate)
+        self._set_stage_options(self.num_stages, in_channels, out_indices,
+                                frozen_stages, norm_eval, drop_path_rate)
 
         self.arch = arch
         self.clustering = clustering
         self.num_clusters = num_clusters
-        self.in_channels = in_channels
         self.embed_dims = embed_dims
-        self.keep_assignments = keep_assignments
-        self.assignments: List[List[torch.Tensor]] = []
 
-        self.stem = PaCaStem(in_channels, embed_dims[0])
+        self.stem = PaCaStem(self.in_channels, embed_dims[0])
         self.teacher = None
         if clustering == 'teacher':
             self.teacher = ConvMixerTeacher(embed_dims, arch['teacher_depths'],
@@ -342,13 +319,13 @@ class PaCaViT(PyramidBackbone):
         self.reducers = self._parse_reducers(reducers, clustering,
                                              num_clusters)
         self.compact_qv = compact_qv
-        rates = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        rates = drop_path_rates(drop_path_rate, depths)
         self.stages = nn.ModuleList()
         for i in range(self.num_stages):
             reducer = self.reducers[i]
             cls = reducer_class(reducer)
             blocks = []
-            for j in range(depths[i]):
+            for j, rate in enumerate(rates[i]):
                 if clustering == 'teacher':
                     own = False
                 elif cls is not None and not cls.shareable:
@@ -360,15 +337,14 @@ class PaCaViT(PyramidBackbone):
                 blocks.append(
                     PaCaBlock(embed_dims[i], num_heads[i], num_clusters[i],
                               clustering if own else None, mlp_ratios[i],
-                              rates[sum(depths[:i]) + j],
-                              reducer=reducer if own else None,
+                              rate, reducer=reducer if own else None,
                               compact_qv=compact_qv,
                               reducer_context=dict(
                                   sr_ratio=self.default_sr_ratios[i])))
             downsample = (PaCaDownsample(embed_dims[i - 1], embed_dims[i])
-                          if i > 0 else None)
-            self.stages.append(PaCaStage(downsample, blocks, embed_dims[i]))
-        self.train(self.training)  # frozen_stages and norm_eval from the start
+                          if i > 0 else None)  # stage 1 starts at the stem
+            self.stages.append(PyramidStage(downsample, blocks, embed_dims[i]))
+        self._finish_init(with_cp, keep_assignments)
 
     def _parse_reducers(self, reducers, clustering: str,
                         num_clusters: Sequence[int]) -> List[Optional[Dict]]:
@@ -388,7 +364,11 @@ class PaCaViT(PyramidBackbone):
         return parsed
 
     @classmethod
-    def _resolve_arch(cls, arch: Union[str, Dict], clustering: str) -> Dict:
+    def arch_settings(cls, arch: Union[str, Dict],
+                      clustering: str = 'conv') -> Dict:
+        """The checked settings of ``arch`` (a zoo name or a dict) for
+        ``clustering``: per-stage tuples of ``embed_dims``, ``num_heads``,
+        ``depths``, ``mlp_ratios`` (and ``teacher_depths`` for 'teacher')."""
         zoo, required = cls.arch_zoo, ['embed_dims', 'num_heads', 'depths']
         teacher = ['teacher_depths']  # required by, and checked for, teacher
         if clustering == 'teacher':
@@ -399,37 +379,19 @@ class PaCaViT(PyramidBackbone):
                           dict(mlp_ratios=(4, ) * cls.num_stages),
                           cls.num_stages, optional=teacher)
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        check_images(x, self.in_channels, 'PaCaViT')
-        x, hw = self.stem(x)
-        teacher_assign, teacher_feats = [None] * self.num_stages, None
-        if self.teacher is not None:
-            teacher_assign, teacher_feats = self.teacher(tokens_to_map(x, hw))
-        keep = self.keep_assignments
-        if keep:
-            self.assignments = []
-        outs = []
-        for i, stage in enumerate(self.stages):
-            if stage.downsample is not None:
-                x, hw = stage.downsample(x, hw)
-            assignment = teacher_assign[i]
-            kept = []
-            if keep and assignment is not None:
-                kept.append(assignment)
-            for block in stage.blocks:
-                x, assignment = block(x, hw, assignment)
-                if keep and block.attn.clustering is not None:
-                    kept.append(assignment)
-            if teacher_feats is not None:
-                x = x + _map_to_tokens(teacher_feats[i])
-            x = stage.norm(x)
-            if keep:
-                self.assignments.append(
-                    [assignment_map(a, hw) for a in kept])
-            if i in self.out_indices:
-                # contiguous NCHW: necks and heads may call .view() on it
-                outs.append(tokens_to_map(x, hw).contiguous())
-        return tuple(outs)
+    def forward_stem(self, images: torch.Tensor
+                     ) -> Tuple[torch.Tensor, List[tuple]]:
+        """The stem's map and, with the teacher, each stage's assignment and
+        the teacher's stage features (added before the stage's norm)."""
+        tokens, hw = self.stem(images)
+        x = tokens_to_map(tokens, hw)
+        if self.teacher is None:
+            return x, [()] * self.num_stages
+        # one view per path: their gradients are summed on the tokens, in
+        # token layout (the stem's gradients do not depend on the teacher
+        # path's memory format)
+        assignments, features = self.teacher(tokens_to_map(tokens, hw))
+        return x, list(zip(assignments, features))
 
     def _frozen_modules(self) -> List[nn.Module]:
         if self.frozen_stages < 0:

@@ -127,6 +127,10 @@ class SummaryAttention(nn.Module):
                 self._norm_names.append(None)
         self.clustering = clustering
         self.fused = kv_layout == 'fused' and not compact_qv
+        # for visualisation (the backbones' keep_assignments): the last
+        # forward's per-scale assignments, detached
+        self.record_assignments = False
+        self.assignments: List[torch.Tensor] = []
 
     def _add(self, name: str, module: nn.Module, names: list) -> None:
         self.add_module(name, module)
@@ -170,6 +174,8 @@ class SummaryAttention(nn.Module):
             ]
         else:
             summaries, assignments = [x], []
+        if self.record_assignments:
+            self.assignments = [a.detach() for a in assignments]
         out = None
         for s, z in enumerate(summaries):
             if self._norm_names[s] is not None:
