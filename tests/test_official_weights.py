@@ -575,8 +575,7 @@ def test_inferencers_by_url(server, tiny_data, tmp_path):
         source = build(cfg)
         url = server.put_checkpoint(f'/inf/{i}/official.pth', official(source))
         ours = tmp_path / f'ours_{i}.pth'
-        torch.save({'state_dict': source.state_dict(),
-                    'meta': {'dataset_meta': {'classes': ['a', 'b']}}}, ours)
+        torch.save({'state_dict': source.state_dict()}, ours)
         outs = []
         for weights in (url, str(ours)):
             infer = inferencer(model=cfg, device='cpu', **{arg: weights})
@@ -587,30 +586,48 @@ def test_inferencers_by_url(server, tiny_data, tmp_path):
         assert rel_diff(outs[1], outs[0]) < 1e-5
 
 
+def _test_tool():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('clustr_mm_test_tool',
+                                                  ROOT / 'tools/test.py')
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
 @pytest.mark.slow
-def test_test_tool_with_url_and_partial_load(server, tiny_data, tmp_path):
-    """tools/test.py CONFIG URL converts the official file and evaluates it;
-    another model's checkpoint is refused with the override named."""
+def test_test_tool_with_url_and_partial_load(server, tiny_data, tmp_path,
+                                             monkeypatch):
+    """tools/test.py CONFIG URL (a separate process, as a user runs it)
+    converts the official file and gives the metrics of the same model
+    loaded from our own checkpoint; another model's checkpoint is refused
+    with the override named, and the override evaluates it."""
     torch.manual_seed(4)
     source = build(Config.fromfile(str(ROOT / CLS_CFG)))
     url = server.put_checkpoint('/tool/IMNET_224_pacavit_tiny.pth',
                                 timm_file(source, extras=True))
+    few = ['--cfg-options', 'test_dataloader.dataset.indices=8']
+    run = run_tool(['tools/test.py', CLS_CFG, url, '--work-dir',
+                    str(tmp_path / 'wd0'), *few],
+                   env={'TORCH_HOME': str(tmp_path / 'home')})
+    assert 'converted official PaCa-ViT weights (timm ImageNet classifier)' \
+        in run.stdout
+
+    monkeypatch.chdir(ROOT)
+    tool = _test_tool()
     ours = tmp_path / 'ours.pth'
     torch.save({'state_dict': source.state_dict()}, ours)
-    env = {'TORCH_HOME': str(tmp_path / 'home')}
-    few = ['--cfg-options', 'test_dataloader.dataset.indices=8']
-    runs = [run_tool(['tools/test.py', CLS_CFG, weights, '--work-dir',
-                      str(tmp_path / f'wd{i}'), *few], env=env)
-            for i, weights in enumerate((url, str(ours)))]
-    assert 'converted official PaCa-ViT weights (timm ImageNet classifier)' \
-        in runs[0].stdout
-    metrics = [re.search(r'\[test\] .*', r.stdout).group(0) for r in runs]
-    assert metrics[0] == metrics[1]
+    metrics = tool.main([CLS_CFG, str(ours), '--work-dir',
+                         str(tmp_path / 'wd1'), *few])
+    printed = re.search(r'\[test\] .*', run.stdout).group(0)
+    assert printed == f'[test] {CLS_CFG}: ' + ', '.join(
+        f'{k}={v:.4f}' if isinstance(v, float) else f'{k}={v}'
+        for k, v in metrics.items())
 
     wrong = tmp_path / 'clustr_epoch_1.pth'
     _clustr_classifier_file(wrong)
-    refused = run_tool(['tools/test.py', CLS_CFG, str(wrong), '--work-dir',
-                        str(tmp_path / 'wd2'), *few], env=env, check=False)
-    assert refused.returncode != 0
-    assert 'PartialLoadError' in refused.stdout
-    assert '--allow-partial-load' in refused.stdout
+    with pytest.raises(PartialLoadError, match='--allow-partial-load'):
+        tool.main([CLS_CFG, str(wrong), '--work-dir', str(tmp_path / 'wd2'),
+                   *few])
+    assert tool.main([CLS_CFG, str(wrong), '--allow-partial-load',
+                      '--work-dir', str(tmp_path / 'wd3'), *few])
