@@ -1,5 +1,7 @@
-# PaCa-ViT paper ablation: PaCa-S (conv clustering) with (2, 2, 2, 0)
-# clusters per stage (0: full self-attention in that stage).
+# PaCa-ViT paper ablation: PaCa-S (conv clustering) with (2, 2, 2, 0) clusters
+# per stage (0: full self-attention in that stage). Recipe and evaluation of
+# paca-s_8xb128_in1k.py (its first comment says what differs from the release);
+# the release's classifier: IMNET_224_pacavit_small_p2cconv_2_0.pth.
 _base_ = '../paca/paca-s_8xb128_in1k.py'
 
 model = dict(backbone=dict(num_clusters=(2, 2, 2, 0)))
