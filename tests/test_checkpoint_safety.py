@@ -1,5 +1,6 @@
 """Checkpoints: untrusted pickles never run, broken files fail clearly,
 and a crash while writing never leaves a truncated checkpoint behind."""
+import argparse
 import collections
 import io
 import os
@@ -126,6 +127,7 @@ def _runner_like_checkpoint(path):
                 'optimizer': {'state': {}, 'param_groups': [{'lr': 0.1}]},
                 'np_array': np.arange(4, dtype=np.float32),
                 'np_scalar': np.float64(0.5),
+                'args': argparse.Namespace(lr=0.1, sizes=[224, 224]),
                 'counts': collections.Counter(car=2)}, path)
     return state
 
@@ -175,6 +177,7 @@ def test_runner_checkpoint_loads(load, tmp_path):
     assert loss.current() == 1.0 and loss.mean() == pytest.approx(2.0)
     assert ckpt['np_array'].tolist() == [0.0, 1.0, 2.0, 3.0]
     assert ckpt['np_scalar'] == 0.5
+    assert ckpt['args'] == argparse.Namespace(lr=0.1, sizes=[224, 224])
     assert ckpt['counts'] == collections.Counter(car=2)
 
 

@@ -9,7 +9,9 @@ nothing in the cache and say how to place the file by hand.
 """
 import argparse
 import collections
+import hashlib
 import http.server
+import io
 import multiprocessing
 import os
 import pickle
@@ -59,12 +61,10 @@ class Served:
         return self.base + path
 
     def put_checkpoint(self, path, obj):
-        buf = _bytes(obj)
-        return self.put(path, buf)
+        return self.put(path, _bytes(obj))
 
 
 def _bytes(obj):
-    import io
     buf = io.BytesIO()
     torch.save(obj, buf)
     return buf.getvalue()
@@ -223,8 +223,9 @@ IMAGES = torch.randn(2, 3, 64, 80)
 
 
 # --- Pretrained init by URL -------------------------------------------------
+@pytest.mark.torch21
 @pytest.mark.parametrize('extras', [False, True], ids=['bare', 'train-script'])
-@pytest.mark.parametrize('prefix', ['backbone.', None])
+@pytest.mark.parametrize('prefix', ['backbone.', 'backbone', None])
 def test_pretrained_init_by_url(server, cls_model, extras, prefix, torch_home,
                                 conversions):
     url = server.put_checkpoint(f'/rel/{extras}/IMNET_224_pacavit.pth',
@@ -350,6 +351,7 @@ def test_coverage_check_accepts_a_complete_checkpoint(tmp_path, cls_model):
 
 
 # --- downloads ---------------------------------------------------------------
+@pytest.mark.torch21
 def test_same_file_name_different_urls(server, torch_home):
     a = server.put_checkpoint('/a/epoch_300.pth', {'w': torch.ones(2)})
     c = server.put_checkpoint('/c/epoch_300.pth', {'w': torch.zeros(2)})
@@ -361,6 +363,9 @@ def test_same_file_name_different_urls(server, torch_home):
     assert cache_path(a) != cache_path(c)
     assert Path(cache_path(a)).name == 'epoch_300.pth'
     assert len(cache_files(torch_home)) == 2
+    umask = os.umask(0)
+    os.umask(umask)  # readable by the group, as MMEngine's own files are
+    assert os.stat(cache_path(a)).st_mode & 0o777 == 0o666 & ~umask
 
 
 def _expect_clean_failure(url, torch_home, match):
@@ -375,17 +380,20 @@ def _expect_clean_failure(url, torch_home, match):
     return message
 
 
+@pytest.mark.torch21
 def test_404(server, torch_home):
     url = server.base + '/missing/IMNET_224_pacavit_tiny_p2cconv_100_0.pth'
     _expect_clean_failure(url, torch_home, 'HTTP 404')
 
 
+@pytest.mark.torch21
 def test_truncated_download(server, torch_home):
     url = server.put('/trunc/weights.pth', _bytes({'w': torch.ones(1000)}),
                      truncated=True)
     _expect_clean_failure(url, torch_home, 'truncated')
 
 
+@pytest.mark.torch21
 def test_offline(torch_home):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(('127.0.0.1', 0))
@@ -394,9 +402,9 @@ def test_offline(torch_home):
     _expect_clean_failure(url, torch_home, 'no network')
 
 
+@pytest.mark.torch21
 def test_torch_hub_hash_prefix_checked(server, torch_home):
     data = _bytes({'w': torch.ones(3)})
-    import hashlib
     good = hashlib.sha256(data).hexdigest()[:8]
     url = server.put(f'/h/weights-{good}.pth', data)
     assert load_checkpoint_file(url)['w'].tolist() == [1, 1, 1]
@@ -404,6 +412,7 @@ def test_torch_hub_hash_prefix_checked(server, torch_home):
     _expect_clean_failure(bad, torch_home, 'does not match the hash')
 
 
+@pytest.mark.torch21
 def test_url_without_file_name(server):
     with pytest.raises(ValueError, match='names no file'):
         load_checkpoint_file(server.base + '/releases/')
@@ -417,6 +426,7 @@ class CreatesFileOnLoad:
         return (os.system, (f'touch {self.marker}', ))
 
 
+@pytest.mark.torch21
 def test_crafted_pickle_by_url(server, tmp_path, torch_home):
     marker = tmp_path / 'pwned'
     url = server.put_checkpoint('/evil/IMNET_224_pacavit_tiny.pth',
@@ -433,6 +443,7 @@ def _download_in_child(url, queue):
     queue.put(download_checkpoint(url))
 
 
+@pytest.mark.torch21
 def test_concurrent_processes_download_once(server, torch_home):
     url = server.put_checkpoint('/dist/epoch_300.pth', {'w': torch.ones(4)})
     server.delay = 1.0  # every process asks while the first one downloads
@@ -454,6 +465,7 @@ def test_concurrent_processes_download_once(server, torch_home):
 
 
 # --- clear errors -----------------------------------------------------------
+@pytest.mark.torch21
 def test_checkpoint_path_errors(tmp_path):
     with pytest.raises(IsADirectoryError, match='is a directory'):
         load_checkpoint_file(str(tmp_path))
