@@ -151,35 +151,11 @@ def load_image(path: str, shape: Tuple[int, int], mean, std
 # Collecting assignments
 
 
-def _blocks(stage):
-    return getattr(stage, 'blocks', stage)
-
-
-def _reducer(attn):
-    """The attention's reducer if it can record assignments, else None."""
-    for name in ('clustering', 'cluster'):
-        module = getattr(attn, name, None)
-        if module is not None and hasattr(module, 'record_assignments'):
-            return module
-    return None
-
-
-def _as_maps(assignments, hw) -> List[torch.Tensor]:
-    """Per scale: (H, W) long ids or (M, H, W) float weights (image 0)."""
-    maps = []
-    for a in assignments:
-        a = a[0].detach().cpu()
-        if a.is_floating_point():
-            maps.append(a.reshape(a.shape[0], *hw).float())
-        else:
-            maps.append(a.reshape(*hw).long())
-    return maps
-
-
 def collect_assignments(backbone: torch.nn.Module, x: torch.Tensor,
                         stages: Optional[Sequence[int]] = None,
                         blocks: Sequence[int] = (0, )) -> List[dict]:
-    """Run ``backbone(x)`` and return the chosen blocks' assignments.
+    """Run ``backbone(x)`` and return the chosen blocks' assignments (as the
+    backbone keeps them with ``keep_assignments``).
 
     Returns one dict per (stage, block) that clusters, in order:
     ``stage``, ``block`` (0-based), ``hw`` (the token grid) and ``maps`` (one
@@ -192,51 +168,29 @@ def collect_assignments(backbone: torch.nn.Module, x: torch.Tensor,
                              f'(0..{num - 1}, or -{num}..-1 from the end)')
     stages = range(num) if stages is None else [s % num for s in stages]
     for si in stages:
-        depth = len(_blocks(backbone.stages[si]))
+        depth = len(backbone.stages[si].blocks)
         for b in blocks:
             if not -depth <= b < depth:
                 raise ValueError(
                     f'--blocks {b}: stage {si} has {depth} blocks '
                     f'(0..{depth - 1}, or -{depth}..-1 from the end)')
-    found, handles, reducers = {}, [], []
-
-    def watch(si, bi, attn):
-        reducer = _reducer(attn)
-        if reducer is not None:
-            reducers.append((reducer, reducer.record_assignments))
-            reducer.record_assignments = True
-
-        def grab_hw(module, args, kwargs):
-            hw = kwargs.get('hw', args[1] if len(args) > 1 else None)
-            found[(si, bi)] = dict(stage=si, block=bi,
-                                   hw=tuple(int(v) for v in hw), maps=[])
-
-        def grab(module, args, kwargs, output):
-            rec = found[(si, bi)]
-            if reducer is not None and reducer.assignments:
-                rec['maps'] = _as_maps(reducer.assignments, rec['hw'])
-            elif (isinstance(output, tuple) and len(output) > 1
-                  and isinstance(output[1], torch.Tensor)):
-                # a layer applying a shared assignment (PaCa, teacher)
-                rec['maps'] = _as_maps([output[1]], rec['hw'])
-
-        handles.append(attn.register_forward_pre_hook(grab_hw,
-                                                      with_kwargs=True))
-        handles.append(attn.register_forward_hook(grab, with_kwargs=True))
-
-    for si in stages:
-        stage_blocks = _blocks(backbone.stages[si])
-        for bi in sorted({b % len(stage_blocks) for b in blocks}):
-            watch(si, bi, stage_blocks[bi].attn)
+    previous = backbone.keep_assignments
+    backbone.keep_assignments = True
     try:
         with torch.no_grad():
             backbone(x)
+        kept = backbone.assignments
     finally:
-        for h in handles:
-            h.remove()
-        for reducer, flag in reducers:
-            reducer.record_assignments = flag
-    return [found[k] for k in sorted(found) if found[k]['maps']]
+        backbone.keep_assignments = previous
+    found = []
+    for si in sorted(set(stages)):
+        for bi in sorted({b % len(kept[si]) for b in blocks}):
+            maps = [a[0].cpu().float() if a.is_floating_point() else
+                    a[0].cpu().long() for a in kept[si][bi]]
+            if maps:  # full attention has none
+                found.append(dict(stage=si, block=bi,
+                                  hw=tuple(maps[0].shape[-2:]), maps=maps))
+    return found
 
 
 # --------------------------------------------------------------------------
