@@ -125,7 +125,7 @@ def read_checkpoint(filename: str, map_location='cpu') -> StateDict:
     return strip_module_prefix(unwrap_state_dict(checkpoint))
 
 
-def _mmengine_loader(filename, map_location=None, *args, **kwargs):
+def _mmengine_loader(filename, map_location=None):
     return load_checkpoint_file(filename, map_location)
 
 
