@@ -250,6 +250,27 @@ def test_pretrained_init_by_url(server, cls_model, extras, prefix, torch_home,
         cache_path(url), torch_home)]
 
 
+def test_teacher_release_file(server, conversions):
+    """The ConvMixer-teacher release (IMNET_224_pacavit_convmixer_*):
+    teacher keys mapped, its fixed blur kernels dropped and said so."""
+    from mmengine.registry import MODELS
+    teacher = dict(BACKBONE, clustering='teacher', num_clusters=(5, 6, 7, 8))
+    source = MODELS.build(teacher)
+    source.init_weights()
+    randomise_bn(source)
+    state = to_official(source.state_dict(), 'teacher')
+    state['head.weight'] = torch.randn(10, DIMS[-1])
+    state['head.bias'] = torch.randn(10)
+    url = server.put_checkpoint('/rel/IMNET_224_pacavit_convmixer_tiny.pth',
+                                state)
+    target = MODELS.build(dict(teacher, init_cfg=dict(
+        type='Pretrained', checkpoint=url, prefix='backbone.')))
+    target.init_weights()
+    with torch.no_grad():
+        assert_reproduces(target.eval()(IMAGES), source.eval()(IMAGES))
+    assert '3 fixed blur kernels dropped' in conversions[-1]
+
+
 # --- load_from, the coverage check -------------------------------------------
 def _runner(model, tmp_path, load_from, **cfg):
     return Runner(model=model, work_dir=str(tmp_path / 'wd'),

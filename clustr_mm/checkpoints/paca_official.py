@@ -258,8 +258,9 @@ def convert_paca_checkpoint(checkpoint: Mapping, source: str
     for key, value in converted.items():
         out[key if key.startswith('head.fc.') else f'backbone.{key}'] = value
     out.update(kept)
-    dropped = sum(1 for k in state if _DROPPED.match(
-        k[len('backbone.'):] if layout != TIMM else k))
+    prefix = '' if layout == TIMM else 'backbone.'
+    dropped = sum(1 for k in state if k.startswith(prefix)
+                  and _DROPPED.match(k[len(prefix):]))
     wrapped = state_dict_key(checkpoint)
     meta = checkpoint.get('meta') if wrapped else None
     meta = dict(meta) if isinstance(meta, Mapping) else {}
