@@ -25,6 +25,11 @@ PUBLISHED_PARAMS = {
     'configs/paca/mask-rcnn_paca-s_fpn_ms-1x_coco.py': 41.8,
     'configs/paca/mask-rcnn_paca-b_fpn_ms-1x_coco.py': 66.6,
     'configs/paca/upernet_paca-s_8xb2-160k_ade20k-512x512.py': 51.4,
+    # the official PaCa-ViT release's tables
+    'configs/paca/mask-rcnn_paca-s-mlp_fpn_ms-1x_coco.py': 42.4,
+    'configs/paca/mask-rcnn_paca-s-teacher_fpn_ms-1x_coco.py': 40.9,
+    'configs/ablations/paca-s-per-block_8xb128_in1k.py': 24.1,
+    'configs/ablations/mask-rcnn_paca-s-per-block_fpn_ms-1x_coco.py': 44.0,
 }
 
 
@@ -32,7 +37,8 @@ PUBLISHED_PARAMS = {
 # its real name: the official README's tables link some rows to the wrong file
 # (the ImageNet 100-100-100-100 row to the 100-81-64-49 file, the Mask R-CNN
 # small-teacher row to the tiny-teacher file), so neither of those two models
-# has a file here. The PaCa-head segmentors are listed for completeness.
+# has a file here. The PaCa-head segmentors are listed for completeness (the
+# ADE20K stage-/block-wise files are PaCa-head models despite their name).
 RELEASE = 'https://github.com/iVMCL/PaCaViT/releases/download/pacavit/'
 _SMALL_ABLATIONS = ['2_0', '49_0', '49_100', '100_49', '100_blockwise']
 RELEASE_FILES = frozenset(
