@@ -110,12 +110,14 @@ def parse_size(text):
     return int(h), int(w or h)
 
 
-def build(name):
+def build(name, with_cp=False):
     import clustr_mm  # noqa: F401
     import mmdet.models  # noqa: F401  (registers the peers)
     from mmengine.registry import MODELS as ROOT
     from mmdet.registry import MODELS as DET
     cfg = dict(MODELS[name])
+    if with_cp:  # every model here has the option (mmdet's peers too)
+        cfg['with_cp'] = True
     registry = DET if cfg['type'].startswith('mmdet.') else ROOT
     cfg['type'] = cfg['type'].split('.')[-1]
     model = registry.build(cfg)
@@ -238,10 +240,11 @@ def measure(name, size, args):
     """One (model, size) measurement; runs inside the child process."""
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = build(name).to(args.device)
+    model = build(name, args.with_cp).to(args.device)
     x = torch.randn(args.batch, 3, *size, device=args.device)
     result = dict(model=name, size=f'{size[0]}x{size[1]}', batch=args.batch,
-                  threads=args.threads, compile=args.compile)
+                  threads=args.threads, compile=args.compile,
+                  with_cp=args.with_cp)
     result['params_m'] = sum(p.numel() for p in model.parameters()) / 1e6
     if args.compile != 'none':
         torch._dynamo.reset()
@@ -327,7 +330,8 @@ def run_child(name, size, args):
            str(args.threads), '--runs', str(args.runs), '--warmup',
            str(args.warmup), '--device', args.device, '--amp', args.amp,
            '--compile', args.compile]
-    cmd += [f'--{f}' for f in ('train-step', 'flops', 'breakdown', 'census')
+    cmd += [f'--{f}' for f in ('train-step', 'with-cp', 'flops', 'breakdown',
+                                'census')
             if getattr(args, f.replace('-', '_'))]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
@@ -457,6 +461,9 @@ def parse_args(argv):
                         help='autocast dtype for forward and loss')
     parser.add_argument('--train-step', action='store_true',
                         help='also time forward + backward + AdamW step')
+    parser.add_argument('--with-cp', action='store_true',
+                        help='build every model with with_cp=True (gradient '
+                        'checkpointing of each block; for --train-step)')
     parser.add_argument('--compile', default='none',
                         choices=('none', 'default', 'reduce-overhead',
                                  'max-autotune'),
@@ -537,7 +544,7 @@ def main(argv=None):
     info = run_info(args, argv)
     print(f'device: {info["device"]} ({info["device_name"]}) | torch '
           f'{info["torch"]} | batch {args.batch} | amp {args.amp} | '
-          f'compile {args.compile} | '
+          f'compile {args.compile} | with_cp {args.with_cp} | '
           f'warm-up {info["warmup"]}, runs {info["runs"]} | threads '
           f'{args.threads}')
     print(f'command: {info["command"]}')
