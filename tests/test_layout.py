@@ -104,17 +104,117 @@ def test_no_import_circle_in_the_package():
     assert cycle is None, 'import circle: ' + ' -> '.join(cycle)
 
 
-def test_layers_backbones_checkpoints_import_one_way():
-    """layers <- backbones <- checkpoints: the models never import the
-    checkpoint package (they read files through MMEngine's loader, which it
-    hooks), and the layers never import the backbones."""
+# The package's layers, lowest first (docs/development.md): a module imports
+# only from its own group or from lower layers.
+LAYERS = [
+    ['clustr_mm.registry', 'clustr_mm.env_check'],
+    ['clustr_mm.models.layers'],
+    ['clustr_mm.models.backbones', 'clustr_mm.models.heads'],
+    ['clustr_mm.models'],
+    ['clustr_mm.checkpoints'],
+    ['clustr_mm.engine', 'clustr_mm.analysis'],
+    ['clustr_mm'],
+]
+
+
+def group_of(module: str):
+    """(layer index, group) of a module: the longest matching group."""
+    best = None
+    for level, groups in enumerate(LAYERS):
+        for group in groups:
+            if (module == group or module.startswith(group + '.')) and (
+                    best is None or len(group) > len(best[1])):
+                best = (level, group)
+    return best
+
+
+def upward_imports(graph: Graph) -> List[tuple]:
+    """(importer, imported) pairs that do not go down the layers."""
+    found = []
+    for src, dsts in graph.items():
+        (src_level, src_group) = group_of(src)
+        for dst in dsts:
+            dst_level, dst_group = group_of(dst)
+            if dst_group != src_group and dst_level >= src_level:
+                found.append((src, dst))
+    return sorted(found)
+
+
+def private_names_across_groups(root: Path) -> List[str]:
+    """``from x import _name`` or ``imported._name`` where ``x`` (or the
+    imported module or class) belongs to another group of the package."""
+    modules = module_names(root)
+    found = []
+    for name, path in modules.items():
+        package = name if path.name == '__init__.py' else name.rpartition(
+            '.')[0]
+        own = group_of(name)[1]
+        tree = ast.parse(path.read_text(encoding='utf-8'))
+        foreign = set()  # local names bound to another group's objects
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            for alias, target in zip(node.names, _import_targets(
+                    node, package, modules)):
+                while target and target not in modules:
+                    target = target.rpartition('.')[0]
+                if not target or group_of(target)[1] == own:
+                    continue
+                if alias.name.startswith('_'):
+                    found.append(f'{name}: from {target} import {alias.name}')
+                foreign.add(alias.asname or alias.name)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute)
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id in foreign
+                    and node.attr.startswith('_')
+                    and not node.attr.startswith('__')):
+                found.append(f'{name}: {node.value.id}.{node.attr}')
+    return found
+
+
+def test_imports_go_down_the_layers():
     graph = import_graph(PACKAGE)
-    upward = [(src, dst) for src, dsts in graph.items() for dst in dsts
-              if (src.startswith('clustr_mm.models.')
-                  and dst.startswith('clustr_mm.checkpoints'))
-              or (src.startswith('clustr_mm.models.layers')
-                  and dst.startswith('clustr_mm.models.backbones'))]
-    assert upward == []
+    # the graph is real: the converters read the backbones' arch tables
+    assert ('clustr_mm.checkpoints.paca_official',
+            'clustr_mm.models.backbones.paca') not in upward_imports(graph)
+    assert 'clustr_mm.models.backbones.paca' in graph[
+        'clustr_mm.checkpoints.paca_official']
+    assert upward_imports(graph) == []
+    # ...and the rule would catch an arrow back up
+    assert upward_imports({'clustr_mm.models.backbones.base': {
+        'clustr_mm.checkpoints.loading'}, 'clustr_mm.models.layers.ffn': {
+        'clustr_mm.models.backbones.stage'}}) == [
+        ('clustr_mm.models.backbones.base', 'clustr_mm.checkpoints.loading'),
+        ('clustr_mm.models.layers.ffn', 'clustr_mm.models.backbones.stage')]
+
+
+def test_every_module_is_in_a_layer():
+    assert [m for m in module_names(PACKAGE) if group_of(m) is None] == []
+
+
+def test_no_private_name_is_used_across_groups():
+    assert private_names_across_groups(PACKAGE) == []
+
+
+def test_private_name_check_finds_both_forms(tmp_path):
+    files = {
+        'clustr_mm/__init__.py': '',
+        'clustr_mm/models/__init__.py': '',
+        'clustr_mm/models/backbones/__init__.py': '',
+        'clustr_mm/models/backbones/paca.py': 'class PaCaViT:\n    pass\n',
+        'clustr_mm/checkpoints/__init__.py': '',
+        'clustr_mm/checkpoints/conv.py': (
+            'from ..models.backbones.paca import PaCaViT, _helper\n'
+            'PaCaViT._resolve_arch\n'),
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert private_names_across_groups(tmp_path / 'clustr_mm') == [
+        'clustr_mm.checkpoints.conv: from clustr_mm.models.backbones.paca '
+        'import _helper',
+        'clustr_mm.checkpoints.conv: PaCaViT._resolve_arch']
 
 
 def test_find_cycle_on_synthetic_graphs():
