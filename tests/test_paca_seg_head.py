@@ -2,6 +2,7 @@
 auxiliary cluster loss, the whole segmentor's size, official-layout
 checkpoints, and learning on the embedded ADE20K."""
 import json
+import re
 import subprocess
 import sys
 
@@ -15,14 +16,14 @@ from mmengine.structures import PixelData
 from torch import nn
 
 import clustr_mm  # noqa: F401  (registers the models)
-from clustr_mm.checkpoints.paca_official import convert_paca_official
 
 mmseg = pytest.importorskip('mmseg')
 from mmseg.registry import MODELS  # noqa: E402
 from mmseg.structures import SegDataSample  # noqa: E402
 
 from clustr_mm.models.heads.paca_seg_head import PaCaSegHead  # noqa: E402
-from test_paca import ARCH, randomise_bn, to_official  # noqa: E402
+from test_official_weights import _test_tool, build, rel_diff  # noqa: E402
+from test_paca import ARCH, CLUSTERS, randomise_bn, to_official  # noqa: E402
 
 OFFICIAL_IN = [96, 192, 320, 384]  # PaCa-T/S pyramid
 CONFIGS = ROOT / 'configs' / 'paca'
@@ -198,6 +199,7 @@ def test_whole_paca_s_segmentor_matches_the_release_table():
     auxiliary head. The release: 23.2 M (UperNet: 51.4 M). The head alone is
     the official code's 1,450,284."""
     model = build_config_model('pacahead_paca-s_8xb2-160k_ade20k-512x512.py')
+    assert isinstance(model.decode_head, PaCaSegHead)
     assert not model.with_auxiliary_head
     total = sum(p.numel() for p in model.parameters())
     head = sum(p.numel() for p in model.decode_head.parameters())
@@ -283,55 +285,82 @@ def test_auxiliary_loss_in_training_only():
     assert isinstance(head(model.extract_feat(images)), torch.Tensor)
 
 
-def _narrow_segmentor():
-    """A PaCa-ViT + PaCa head segmentor of narrow widths (fast on a CPU)."""
-    cfg = dict(
-        type='EncoderDecoder',
-        data_preprocessor=dict(type='SegDataPreProcessor'),
-        backbone=dict(type='PaCaViT', arch=ARCH, num_clusters=(5, 6, 7, 0)),
-        decode_head=dict(
-            type='PaCaSegHead', in_channels=list(ARCH['embed_dims']),
-            in_index=[0, 1, 2, 3], channels=32, num_classes=150,
-            norm_cfg=dict(type='BN'), align_corners=False),
-        test_cfg=dict(mode='whole'))
-    with DefaultScope.overwrite_default_scope('mmseg'):
-        model = MODELS.build(cfg)
-    model.init_weights()
-    return model
+def narrow_cfg():
+    """The embedded PaCa-head config at narrow widths (fast on a CPU)."""
+    cfg = Config.fromfile(CONFIGS / 'pacahead_paca-t_embedded-ade20k.py')
+    cfg.model.backbone = dict(type='PaCaViT', arch=ARCH, clustering='conv',
+                              num_clusters=CLUSTERS, init_cfg=None)
+    cfg.model.decode_head.in_channels = list(ARCH['embed_dims'])
+    cfg.model.decode_head.channels = 32
+    return cfg
+
+
+def official_file(model):
+    """A released pacahead_* segmentor file: the backbone in the official
+    (timm) keys under ``backbone.``, the head's keys as they are."""
+    backbone = to_official(model.backbone.state_dict(), 'conv')
+    state = {f'backbone.{k}': v for k, v in backbone.items()}
+    state.update({k: v for k, v in model.state_dict().items()
+                  if k.startswith('decode_head.')})
+    return {'meta': {'iter': 160000}, 'state_dict': state}
 
 
 def test_official_layout_checkpoint_reproduces_the_model(tmp_path):
-    """A segmentor file in the official layout (backbone in the timm keys,
-    head keys unchanged) loads into a fresh model and gives its outputs."""
+    """MMEngine's load_checkpoint (what load_from, tools/test.py and the
+    inferencers use) reads a file in the official layout into a fresh
+    model, strictly, and gives the source model's logits."""
+    from mmengine.runner import load_checkpoint
     torch.manual_seed(0)
-    model = _narrow_segmentor()
-    randomise_norms(model)
-    state = model.state_dict()
-    backbone = {k[len('backbone.'):]: v for k, v in state.items()
-                if k.startswith('backbone.')}
-    official = {f'backbone.{k}': v
-                for k, v in to_official(backbone, 'conv').items()}
-    official.update({k: v for k, v in state.items()
-                     if k.startswith('decode_head.')})
-    assert not any(k.startswith('backbone.stages.') for k in official)
-    torch.save({'state_dict': official, 'meta': {}}, tmp_path / 'off.pth')
+    source = build(narrow_cfg())
+    official = official_file(source)
+    assert 'backbone.stage1.0.attn.q.weight' in official['state_dict']
+    torch.save(official, tmp_path / 'pacahead_official.pth')
 
-    loaded = torch.load(tmp_path / 'off.pth', weights_only=True)['state_dict']
-    converted, skipped = convert_paca_official(loaded)
-    assert sorted(skipped) == sorted(
-        k for k in official if k.startswith('decode_head.'))
-    fresh_state = {f'backbone.{k}': v for k, v in converted.items()}
-    fresh_state.update({k: loaded[k] for k in skipped})
     torch.manual_seed(1)
-    fresh = _narrow_segmentor()
-    fresh.load_state_dict(fresh_state, strict=True)
-
+    fresh = build(narrow_cfg())
+    load_checkpoint(fresh, str(tmp_path / 'pacahead_official.pth'),
+                    map_location='cpu', strict=True)
     image = torch.randn(1, 3, 61, 75)
-    model.eval(), fresh.eval()
     with torch.no_grad():
-        a, b = model(image, mode='tensor'), fresh(image, mode='tensor')
-    rel = ((a - b).norm() / a.norm()).item()
-    assert rel < 1e-5, rel
+        a, b = source(image, mode='tensor'), fresh(image, mode='tensor')
+    assert rel_diff(b, a) < 1e-5
+
+
+@pytest.mark.slow
+def test_official_file_through_test_tool_and_inferencer(tiny_data, tmp_path,
+                                                        monkeypatch):
+    """tools/test.py CONFIG FILE (a separate process) and MMSegInferencer
+    with weights=FILE give, for a file in the official layout, what they give
+    for the same model saved by clustr_mm."""
+    from mmseg.apis import MMSegInferencer
+    torch.manual_seed(3)
+    cfg = narrow_cfg()
+    source = build(cfg)
+    official = tmp_path / 'pacahead_official.pth'
+    torch.save(official_file(source), official)
+    ours = tmp_path / 'ours.pth'
+    torch.save({'state_dict': source.state_dict()}, ours)
+    cfg_file = tmp_path / 'narrow.py'
+    cfg.dump(str(cfg_file))
+
+    run = run_tool(['tools/test.py', str(cfg_file), str(official),
+                    '--work-dir', str(tmp_path / 'wd0')])
+    monkeypatch.chdir(ROOT)
+    metrics = _test_tool().main([str(cfg_file), str(ours), '--work-dir',
+                                 str(tmp_path / 'wd1')])
+    printed = re.search(r'\[test\] .*', run.stdout).group(0)
+    assert printed.endswith(', '.join(
+        f'{k}={v:.4f}' if isinstance(v, float) else f'{k}={v}'
+        for k, v in metrics.items())), (printed, metrics)
+    assert 'mIoU' in metrics
+
+    image = str(next((tiny_data / 'ade').rglob('*.jpg')))
+    logits = []
+    for weights in (str(official), str(ours)):
+        infer = MMSegInferencer(model=cfg, weights=weights, device='cpu')
+        result = infer(image, return_datasamples=True)
+        logits.append(result.seg_logits.data)
+    assert rel_diff(logits[0], logits[1]) < 1e-5
 
 
 @pytest.mark.slow

@@ -151,6 +151,19 @@ def counted_path(model, scope: str, shape):
                 f'proposals (mask head on the first 100)')
         return x, forward, what
 
+    if scope == 'mmseg' and isinstance(getattr(model, 'decode_head', None),
+                                       torch.nn.Module) and not isinstance(
+                                           model.decode_head,
+                                           torch.nn.ModuleList):
+        # mmseg's tensor path calls decode_head.forward() directly, which
+        # leaves the head's own ops (e.g. PaCaSegHead's matmuls) outside its
+        # module scope; calling the module books them under 'heads'.
+        def forward(inputs):
+            return model.decode_head(model.extract_feat(inputs))
+
+        return x, forward, ('backbone + neck + decode head (no auxiliary '
+                            'head)')
+
     def forward(inputs):
         return tensor_forward(inputs, None, mode='tensor')
 
