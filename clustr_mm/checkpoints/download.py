@@ -156,6 +156,8 @@ def download_checkpoint(url: str, model_dir: Optional[str] = None,
                 f'cannot download {url}: {reason} (no network, or the host is '
                 f'unreachable). Nothing was cached at {path}. '
                 f'{_how_to_place(url, path)}') from None
+        print_log(f'Downloaded {os.path.getsize(path) / 2**20:.1f} MiB to '
+                  f'{path}', logger='current')
     return path
 
 
