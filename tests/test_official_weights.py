@@ -360,6 +360,15 @@ def test_partial_load_refused_and_overridable(tmp_path):
     # the override: loads what fits, warns with the counts
     _runner(target, tmp_path, str(wrong),
             allow_partial_load=True).load_or_resume()
+    # a file in neither our nor the official layout: the keys expected
+    unrelated = tmp_path / 'resnet.pth'
+    torch.save({'conv1.weight': torch.zeros(8, 3, 7, 7)}, unrelated)
+    with pytest.raises(PartialLoadError) as err:
+        _runner(target, tmp_path, str(unrelated)).load_or_resume()
+    message = str(err.value)
+    assert 'None of its keys fit' in message
+    assert 'backbone.stem.conv1.weight' in message
+    assert 'patch_embed.proj.0.weight' in message
 
 
 def test_coverage_check_accepts_a_complete_checkpoint(tmp_path, cls_model):

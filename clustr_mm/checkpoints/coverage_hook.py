@@ -17,6 +17,8 @@ from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 from torch import nn
 
+from .paca_official import SIGNATURE
+
 OPTION = 'allow_partial_load'
 
 
@@ -77,7 +79,10 @@ def describe_coverage(report: Dict[str, List], model: nn.Module,
             f'unused{_examples(unexpected)}.')
     if not loaded:
         text += (' None of its keys fit this model (another model?); '
-                 f'expected keys like{_examples(missing)}.')
+                 f'expected keys like{_examples(missing)}, or an official '
+                 'PaCa-ViT file (converted on load), recognised by '
+                 f'{" and ".join(SIGNATURE)} at the top level (timm) or '
+                 'under backbone. (mmdet / mmseg).')
     return text
 
 
