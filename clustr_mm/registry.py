@@ -18,3 +18,31 @@ def register_model(cls):
             f'{existing.__module__}; refusing to shadow it with {cls.__module__}')
     MODELS.register_module(name=cls.__name__, module=cls, force=True)
     return cls
+
+
+# The changes ``import clustr_mm`` makes to MMEngine and torch beyond adding
+# its own registry entries (README: "What importing clustr_mm changes").
+PROCESS_WIDE_CHANGES = ('checkpoint_loaders', 'atomic_writes', 'scope_check',
+                        'lazy_heads')
+SKIP_VARIABLE = 'CLUSTR_MM_SKIP'
+
+
+def change_wanted(name: str) -> bool:
+    """Whether the process-wide change ``name`` is to be made.
+
+    ``CLUSTR_MM_SKIP`` (read when the package is imported) lists the changes
+    to leave out, comma-separated, or ``all``: e.g. a project that only wants
+    the backbones sets ``CLUSTR_MM_SKIP=all``.
+    """
+    import os
+    if name not in PROCESS_WIDE_CHANGES:
+        raise ValueError(f'unknown change {name!r}; the changes are '
+                         f'{PROCESS_WIDE_CHANGES}')
+    raw = os.environ.get(SKIP_VARIABLE, '')
+    skipped = {part.strip() for part in raw.split(',') if part.strip()}
+    unknown = skipped - set(PROCESS_WIDE_CHANGES) - {'all'}
+    if unknown:
+        raise ValueError(
+            f'{SKIP_VARIABLE}={raw!r} names {sorted(unknown)}; expected a '
+            f'comma-separated list of {PROCESS_WIDE_CHANGES} or "all"')
+    return 'all' not in skipped and name not in skipped

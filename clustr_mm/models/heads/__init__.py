@@ -12,6 +12,8 @@ import sys
 
 from mmengine.registry import Registry
 
+from ...registry import change_wanted
+
 # scope -> our modules that register into it (through the root registry)
 _SCOPE_MODULES = {'mmseg': ('.paca_seg_head', )}
 _LAZY = {'PaCaSegHead': '.paca_seg_head'}
@@ -47,7 +49,8 @@ def __getattr__(name):
     raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 
-_install_scope_import()
+if change_wanted('lazy_heads'):
+    _install_scope_import()
 for _scope in _SCOPE_MODULES:  # a scope already in use before clustr_mm
     if f'{_scope}.models' in sys.modules:
         _import_scope_modules(_scope)
