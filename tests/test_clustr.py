@@ -173,12 +173,12 @@ def test_merge_is_weighted_mean():
 def test_cluster_attention_sums_two_scales():
     torch.manual_seed(4)
     attn = ClusterAttention(16, 2, sr_ratio=2).eval()
-    attn.cluster.record_assignments = True
+    attn.clustering.record_assignments = True
     x, hw = torch.randn(1, 36, 16), (6, 6)
     out = attn(x, hw)
     w = attn.weight_layer(x).exp()
     total = torch.zeros_like(x)
-    for kv, ids, m in zip((attn.kv1, attn.kv2), attn.cluster.assignments,
+    for kv, ids, m in zip((attn.kv1, attn.kv2), attn.clustering.assignments,
                           (9, 36)):
         k, v = kv(merge_tokens(x, w, ids, m)).chunk(2, -1)
         q = attn.q(x)

@@ -226,7 +226,7 @@ def test_find_cycle_on_synthetic_graphs():
 
 
 def test_a_circle_through_relative_imports_is_found(tmp_path):
-    # the circle, in miniature: backbone -> loader -> converter ->
+    # a circle in miniature: backbone -> loader -> converter ->
     # backbone, with relative, absolute and function-level imports
     files = {
         'pkg/__init__.py': 'from . import models\n',

@@ -350,7 +350,7 @@ def test_gradients_reach_every_parameter(clustering):
 
 # --- official checkpoint conversion -------------------------------------
 # Our key -> official key, written independently of the converter from the
-# official key list (issue 4). Official stage{i} / norm{i} / block{i} are
+# official key list. Official stage{i} / norm{i} / block{i} are
 # 1-based; official transition{i} leads into our (0-based) stage i.
 def _n(m, group=1):
     return int(m[group]) + 1

@@ -1,6 +1,6 @@
-"""Determinism, numerics and load (issue 7, items 5 and 6).
+"""Determinism, numerics and load.
 
-Tolerances (also in README.md, "Reliability"):
+Tolerances (also in docs/reliability.md):
 
 * same seed, same config: training losses and weights bit-identical;
 * same input, two processes: backbone outputs bit-identical;
@@ -206,7 +206,8 @@ def test_bf16_clustering_decisions_are_the_fp32_decisions(name):
         for r in ref:
             assert torch.equal(r, next(bf16_ids))
     # Against the fp32 run the tokens themselves differ by bf16 rounding, so
-    # near-tie tokens may change cluster; most decisions agree (README).
+    # near-tie tokens may change cluster; most decisions agree
+    # (docs/reliability.md).
     agree = [float((a == b).float().mean()) for a, b in zip(fp32_ids, ids)]
     assert sum(agree) / len(agree) > 0.85, agree
     errors = _rel_errors(fp32_outs, outs)
@@ -223,7 +224,7 @@ def test_bf16_paca_outputs_within_tolerance():
 
 
 # --------------------------------------------------------------------------
-# 5d. No NaN in the first iterations (the full 100 are run by hand, README).
+# No NaN in the first iterations (the full 100: docs/reliability.md).
 @pytest.mark.slow
 @pytest.mark.parametrize('config', [CLS_CONFIG,
                                     'configs/paca/paca-t_embedded-imagenet.py'])

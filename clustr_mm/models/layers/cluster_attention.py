@@ -236,11 +236,6 @@ class ClusterAttention(SummaryAttention):
                                  max_chunk_elems=max_chunk_elems))
         self.sr_ratio = sr_ratio
 
-    @property
-    def cluster(self) -> Optional[TokenReducer]:
-        """The reducer (ClusTR's historical name for it)."""
-        return self.clustering
-
     def forward(self, x: torch.Tensor, hw: Grid) -> torch.Tensor:
         """x: (B, H * W, C) tokens of the ``hw`` grid -> (B, H * W, C)."""
         return self.attend(x, hw)[0]
