@@ -15,8 +15,9 @@ import clustr_mm  # noqa: F401
 from clustr_mm.analysis.flops import analyze_flops
 from clustr_mm.analysis.op_census import op_census
 from clustr_mm.models.backbones.clustr import ClusTR
+from clustr_mm.models.layers.token_clustering import use_plan
 from clustr_mm.models.layers.window_layout import (ACCELERATOR_PLAN, CPU_PLAN,
-                                                   planned_as)
+                                                   FUSED_PLAN)
 
 pytestmark = pytest.mark.torch21
 
@@ -31,12 +32,12 @@ ONE_BLOCK = dict(embed_dims=(16, 32, 64, 64), depths=(1, 1, 1, 1),
                  num_heads=(1, 2, 4, 4), mlp_ratios=(2, 2, 2, 2))
 
 
-def _census(cfg, hw, batch=2, plan=ACCELERATOR_PLAN):
-    """The census of the GPU path (the accelerator plan), on the CPU."""
+def _census(cfg, hw, batch=2, plan=FUSED_PLAN):
+    """The census of the CUDA path (the fused op), on the CPU."""
     model = MODELS.build(cfg).eval()
+    use_plan(model, plan)
     x = torch.randn(batch, 3, *hw)
-    with planned_as(plan):
-        return op_census(lambda: model(x))
+    return op_census(lambda: model(x))
 
 
 @pytest.mark.parametrize('mode', ['exact', 'window'])
@@ -60,10 +61,11 @@ def test_clustr_s_census_grows_little_with_the_image():
         assert counted['ops'] <= 1.3 * base, (hw, counted['ops'], base)
 
 
-def test_cpu_plan_has_no_sync_either():
+@pytest.mark.parametrize('plan', [CPU_PLAN, ACCELERATOR_PLAN],
+                         ids=['cpu-plan', 'accelerator-plan'])
+def test_other_plans_have_no_sync_either(plan):
     counted = _census(dict(type='ClusTR', arch=NARROW_S,
-                           clustering_mode='window'), (512, 512),
-                      plan=CPU_PLAN)
+                           clustering_mode='window'), (512, 512), plan=plan)
     assert counted['host_syncs'] == 0, counted['by_op']
 
 
@@ -102,16 +104,19 @@ SPLIT_CPU_PLAN = CPU_PLAN._replace(max_chunk_elems=1 << 12)
     (CLUSTR_EXACT, (64, 64), SPLIT_CPU_PLAN),
     (CLUSTR_WINDOW, (80, 96), ACCELERATOR_PLAN),
     (CLUSTR_WINDOW, (80, 96), SPLIT_CPU_PLAN),
+    (CLUSTR_WINDOW, (80, 96), FUSED_PLAN),
     (dict(type='PaCaViT', arch='tiny'), (64, 64), CPU_PLAN),
 ], ids=['clustr-exact-accelerator-plan', 'clustr-exact-cpu-plan',
-        'clustr-window-accelerator-plan', 'clustr-window-cpu-plan', 'paca'])
+        'clustr-window-accelerator-plan', 'clustr-window-cpu-plan',
+        'clustr-window-fused-op', 'paca'])
 def test_compile_fullgraph_equals_eager(cfg, hw, plan):
     torch.manual_seed(0)
     model = MODELS.build(cfg).eval()
     x = torch.randn(2, 3, *hw)
     torch._dynamo.reset()  # no recompilation (with dynamic shapes) of an
     # earlier case's frames: each case compiles once, for its own sizes
-    with torch.no_grad(), planned_as(plan):
+    use_plan(model, plan)
+    with torch.no_grad():
         eager = model(x)
         compiled = torch.compile(model, fullgraph=True, dynamic=False)(x)
     assert len(compiled) == len(eager)

@@ -8,8 +8,7 @@ from .reducers import (DPCKNN, CentroidAttention, GridPool, PointwiseConv,
                        Reduction, SoftCluster, TokenReducer, apply_assignment,
                        assignment_map, build_reducer, soft_assignment)
 from .token_clustering import DPCKNNClustering, dpc_knn_assign, merge_tokens
-from .window_layout import (ClusteringPlan, WindowLayout, plan_for,
-                            planned_as)
+from .window_layout import ClusteringPlan, WindowLayout, plan_for
 
 __all__ = [
     'multi_head_attention', 'split_heads', 'DropPath', 'ConvFFN',
@@ -18,5 +17,5 @@ __all__ = [
     'build_reducer', 'apply_assignment', 'assignment_map', 'DPCKNN',
     'SoftCluster', 'CentroidAttention', 'GridPool', 'DPCKNNClustering',
     'WindowLayout', 'dpc_knn_assign', 'merge_tokens', 'PointwiseConv',
-    'soft_assignment', 'ClusteringPlan', 'plan_for', 'planned_as'
+    'soft_assignment', 'ClusteringPlan', 'plan_for'
 ]

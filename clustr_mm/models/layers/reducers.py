@@ -46,7 +46,8 @@ from torch import nn
 from ...registry import register_model
 from .attention import split_heads
 from .patch_embed import tokens_to_map
-from .token_clustering import DPCKNNClustering, _cols_aug, _rows_aug
+from .dpc_knn import augment
+from .token_clustering import DPCKNNClustering
 from .window_layout import WindowLayout, plan_for
 
 Grid = Tuple[int, int]
@@ -192,14 +193,16 @@ class DPCKNN(TokenReducer, DPCKNNClustering):
         window_size (int, optional): Clustering window side (tokens); None is
             exact mode (the whole image, the official algorithm).
         max_chunk_elems (int, optional): Bound on one distance chunk.
+        plan (ClusteringPlan, optional): Implementation and layout; None:
+            chosen from the device (see :class:`DPCKNNClustering`).
     """
     uses_token_weights = True
 
     def __init__(self, sr_ratio: int, scale_factors: Sequence[int] = (1, 4),
                  k: int = 5, window_size: Optional[int] = None,
-                 max_chunk_elems: Optional[int] = None):
+                 max_chunk_elems: Optional[int] = None, plan=None):
         DPCKNNClustering.__init__(self, sr_ratio, scale_factors, k,
-                                  window_size, max_chunk_elems)
+                                  window_size, max_chunk_elems, plan)
 
     @property
     def num_scales(self) -> int:
@@ -467,7 +470,7 @@ class CentroidAttention(TokenReducer):
         n = x.shape[1]
         k = min(self.knn, n)
         with torch.autocast(x.device.type, enabled=False):
-            rows, cols = _rows_aug(u.float()), _cols_aug(x.float())
+            rows, cols = augment(u.float())[0], augment(x.float())[1]
             step = max(1, plan_for(x.device).max_chunk_elems // (b * n))
             return torch.cat([
                 torch.bmm(rows[:, r:r + step], cols).topk(

@@ -1,41 +1,32 @@
 """DPC-kNN token clustering (ClusTR's key/value reducer) and weighted merge.
 
-The algorithm follows the official code (see ``shared/reference/clustr.md``)
-with three deliberate differences: ties are broken by token index instead of
-random noise (deterministic), it always runs in fp32 without gradient, and the
-N x N distance matrix is held in blocks of at most ``max_chunk_elems``
-elements.
+:func:`dpc_knn_assign` is the clustering entry point: tokens of a grid ->
+cluster ids per scale. It cuts the grid into windows
+(:class:`~.window_layout.WindowLayout`, built once per size) and hands each
+group of same-shaped windows to one implementation, chosen by the layout's
+:class:`~.window_layout.ClusteringPlan` (from the device and what is
+installed, or given explicitly):
 
-Every shape in the forward pass follows from the input size alone, so there
-is no host synchronisation, the work is the same fixed sequence of kernels
-whatever the data, and ``torch.compile`` / CUDA graphs / ``torch.jit.trace``
-can capture it.
+* ``'reference'`` (:func:`~.dpc_knn.dpc_knn_reference`): the paper's five
+  steps over whole distance blocks; what ``torch.jit.trace`` records;
+* ``'blocked'`` (:func:`~.dpc_knn_blocked.dpc_knn_blocked`): bounded blocks,
+  CPUs and GPUs without Triton;
+* ``'fused'`` (:mod:`~.dpc_knn_fused`): one custom op, Triton kernels on CUDA
+  that keep distance tiles on chip.
 
-* The distance to the nearest denser token is a masked minimum over the
-  distance block of every token at once (no data-dependent fallback list).
-  When the block is too big to keep, tokens are taken in density order, so a
-  row block needs only the columns before it (half the distance work).
-* Clustering runs inside *windows* of the stage's token grid. Exact mode
-  (``window_size=None``) is one window = the whole grid, i.e. the official
-  per-image DPC-kNN; cost is quadratic in the tokens. Window mode
-  (``window_size=s``) tiles the grid with ``min(s, H) x min(s, W)`` windows
-  from the top-left, so a grid that fits one window is clustered exactly as
-  in exact mode. Windows of one shape are clustered in one batched call;
-  they are split into several calls only when the distance block would
-  exceed ``max_chunk_elems``, and rows of one window only when a single
-  window exceeds it. Cluster tokens of all windows are concatenated
-  (row-major over windows), so keys/values stay global.
-* Windows cut by the border are handled per device (:class:`~.window_layout.ClusteringPlan`).
-  On accelerators they are zero-padded to the full shape and join the one
-  call: a padded position is infinitely far from everything (+inf distances
-  straight out of the GEMM) and less dense than any token, so it is never a
-  neighbour, a denser token, a center or a member, nor in the largest
-  distance (the padding costs distance work, e.g. 2x in stage 1 at 512 x 512,
-  and buys one call instead of up to four). On the CPU each window shape
-  gets its own unpadded call. Both give the same clusters.
-* Everything that depends only on the grid size (window masks, cluster counts
-  and id offsets per window, the token order) is built once per size by
-  :class:`~.window_layout.WindowLayout` and kept on the device.
+All give the same clusters. The algorithm follows the official code (see
+``shared/reference/clustr.md``) with three deliberate differences: ties are
+broken by token index instead of random noise (deterministic; identical
+tokens are exactly 0 apart whatever the batch, see :mod:`~.dpc_knn`), it
+always runs in fp32 without gradient, and the distance block is bounded.
+Every shape follows from the input size alone: no host synchronisation, and
+``torch.compile`` / CUDA graphs / ``torch.jit.trace`` can capture it.
+
+Clustering runs inside *windows* of the stage's token grid. Exact mode
+(``window_size=None``) is one window = the whole grid, i.e. the official
+per-image DPC-kNN. Window mode tiles the grid with ``min(s, H) x min(s, W)``
+windows from the top-left; cluster tokens of all windows are concatenated
+(row-major over windows), so keys/values stay global.
 
 Cluster counts: a window of ``n`` tokens gets ``m = max(1, n // sr_ratio**2)``
 clusters for the coarse scale and ``min(4 * m, n)`` for the fine one
@@ -43,223 +34,29 @@ clusters for the coarse scale and ``min(4 * m, n)`` for the fine one
 counts of its stage (49 and 196 with 56 x 56 tokens at stride 4); a border
 window of e.g. 56 x 16 tokens at stride 4 gets 14 and 56.
 """
-import math
-import threading
 from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .dpc_knn import dpc_knn_reference
+from .dpc_knn_blocked import _cat, _k_smallest, dpc_knn_blocked  # noqa: F401
 from .graph_safety import is_tracing
-from .window_layout import WindowBatch, WindowLayout, plan_for
-
-_scratch = threading.local()
-_SCRATCH_LIMIT = 1 << 24  # elements (64 MB) a CPU thread may keep for reuse
+from .window_layout import (ClusteringPlan, WindowBatch, WindowLayout,
+                            merge_rows, plan_for)
 
 
-def _distance_chunk(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``torch.bmm(a, b)``; on the CPU written into a reused per-thread buffer.
-
-    A fresh multi-megabyte block per call costs first-touch page faults
-    every time (glibc returns large freed blocks to the kernel): measured up
-    to 40% of a stage-2 clustering at 224x224 on a 2-core CPU. Blocks up to
-    64 MB reuse one buffer, and each is consumed before the next is made.
-    Accelerators have caching allocators and get a plain ``bmm``, as do
-    traces (FLOP counting's ``bmm`` handle takes no ``out``; dynamo).
-    """
-    if a.device.type != 'cpu' or is_tracing():
-        return torch.bmm(a, b)
-    shape = (a.shape[0], a.shape[1], b.shape[2])
-    numel = math.prod(shape)
-    if numel > _SCRATCH_LIMIT:
-        return torch.bmm(a, b)
-    buf = getattr(_scratch, 'buf', None)
-    if buf is None or buf.numel() < numel:
-        buf = _scratch.buf = torch.empty(numel, dtype=torch.float32)
-    return torch.bmm(a, b, out=buf[:numel].view(shape))
-
-
-def _cat(parts: List[torch.Tensor], dim: int = 1) -> torch.Tensor:
-    """Chunks back together (no copy for a single chunk)."""
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
-
-
-def _augment(x: torch.Tensor, ones: Optional[torch.Tensor] = None,
-             padding: Optional[torch.Tensor] = None
-             ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Rows [x, |x|^2, 1] and columns [-2x, 1, |x|^2]^T: one GEMM of them
-    gives all squared distances |a - b|^2. Columns are (G, C + 2, M).
-
-    ``ones``: a cached (G, M, 1) tensor of ones, if there is one.
-    ``padding``: (G, M) bool; a padded position (x = 0) gets |x|^2 = +inf,
-    so every distance to or from it is +inf straight out of the GEMM (the
-    inf only ever meets the constant 1, never a 0, so no NaN).
-    """
-    sq = x.pow(2).sum(-1, keepdim=True)
-    if padding is not None:
-        sq = sq.masked_fill_(padding[..., None], float('inf'))
-    if ones is None:
-        ones = torch.ones_like(sq)
-    return (torch.cat([x, sq, ones], -1),
-            torch.cat([-2 * x, ones, sq], -1).transpose(1, 2))
-
-
-def _rows_aug(x: torch.Tensor) -> torch.Tensor:
-    """[x, |x|^2, 1]; with :func:`_cols_aug` one GEMM gives |a - b|^2."""
-    return _augment(x)[0]
-
-
-def _cols_aug(x: torch.Tensor) -> torch.Tensor:
-    """[-2x, 1, |x|^2], transposed to (G, C + 2, M) for ``bmm``."""
-    return _augment(x)[1]
-
-
-def _k_smallest(d: torch.Tensor, k: int, block: int = 64) -> torch.Tensor:
-    """``d.topk(k, largest=False).values`` along the last dim, with fewer
-    comparisons on long rows.
-
-    Exact: every entry outside the k blocks with the smallest minima is >= k
-    entries inside them (each block's minimum), so those blocks plus the
-    ragged tail hold a k-smallest set. Only ``k * block`` candidates per row
-    reach topk. Fixed shapes: no host sync.
-    """
-    m = d.shape[-1]
-    nb = m // block
-    if nb < 32 or nb <= 2 * k:  # plain topk is faster on short rows
-        return d.topk(k, dim=-1, largest=False).values
-    main = d[..., :nb * block].unflatten(-1, (nb, block))
-    blk = main.amin(-1).topk(k, dim=-1, largest=False).indices
-    cand = main.gather(-2, blk[..., None].expand(*blk.shape, block))
-    cand = cand.flatten(-2)
-    if nb * block < m:
-        cand = torch.cat([cand, d[..., nb * block:]], -1)
-    return cand.topk(k, dim=-1, largest=False).values
-
-
-def _dpc_knn_windows(x: torch.Tensor, counts: Sequence[int], k: int,
-                     max_chunk_elems: int, blocked_knn: bool,
-                     consts: WindowBatch) -> torch.Tensor:
-    """DPC-kNN in each of G windows of n (possibly padded) tokens.
-
-    Args:
-        x: (G, n, C) fp32 tokens, zero at padded positions.
-        counts: Clusters per scale (the most any window gets); scale s uses
-            the first ``counts[s]`` centers, so the scales are nested.
-        k: Neighbours for the density (the token itself included).
-        max_chunk_elems: Bound on the elements of one distance block.
-        blocked_knn: Find the k nearest with :func:`_k_smallest`.
-        consts: Masks of this slice of windows (:class:`WindowBatch`).
-
-    Returns:
-        (S, G, n) cluster index of every token, per scale (padded positions
-        get arbitrary ids).
-    """
-    g, n, c = x.shape
-    k_eff = min(k, n)
-    inf = float('inf')
-    invalid = consts.invalid
-    rows, cols = _augment(x, consts.ones, invalid)
-    # Rows of one block; < n when the windows' whole blocks exceed the budget.
-    step = n if g * n * n <= max_chunk_elems else max(
-        1, max_chunk_elems // (g * n))
-
-    def knn(d):
-        return (_k_smallest(d, k_eff) if blocked_knn else
-                d.topk(k_eff, dim=-1, largest=False).values)
-
-    # Pass 1: the k nearest (self included) per token, the largest distance.
-    row_max, knn_d, whole = [], [], None
-    for r0 in range(0, n, step):
-        d = _distance_chunk(rows[:, r0:r0 + step], cols)
-        d.diagonal(offset=r0, dim1=1, dim2=2).zero_()
-        knn_d.append(knn(d))
-        if invalid is not None:  # distances to/from padding leave the max
-            d = d.nan_to_num_(posinf=0.0)
-        row_max.append(d.amax((1, 2))[:, None] if step >= n else d.amax(-1))
-        whole = d if step >= n else None
-    row_max, knn_d = _cat(row_max), _cat(knn_d)
-    if consts.knn_scale is not None:  # windows with fewer than k tokens
-        knn_d = knn_d.nan_to_num_(posinf=0.0)
-    dmax2 = row_max[:, 0] if row_max.shape[1] == 1 else row_max.amax(-1)
-    mean = knn_d.clamp_(min=0).mean(-1)
-    if consts.knn_scale is not None:
-        mean = mean * consts.knn_scale
-    rho = torch.exp(mean.div_(-c))  # = exp(-mean / c), sign flips exactly
-    if invalid is not None:
-        rho = rho.masked_fill_(invalid, -1.0)  # padding: least dense
-
-    # Density order, ties to the lower index; "denser" = earlier in order.
-    order = torch.sort(rho, dim=1, descending=True, stable=True).indices
-
-    # Pass 2: distance to the nearest denser token, for every token (padding
-    # is never denser than a real token).
-    if whole is not None:  # the block is still there: mask by rank
-        rank = order.argsort(dim=1)
-        delta2 = whole.masked_fill_(rank[:, None, :] >= rank[:, :, None],
-                                    inf).amin(-1)
-    else:
-        delta2 = _nearest_denser(rows, cols, order, step, consts.positions)
-    # The densest token (no denser one: inf) gets the largest distance in
-    # the window; every other delta2 is one of the distances, so <= dmax2.
-    delta2 = torch.minimum(delta2, dmax2[:, None])
-    score = rho * delta2.clamp_(min=0).div_(c).sqrt_()
-    if invalid is not None:
-        score = score.masked_fill_(invalid, -inf)
-    num = max(counts)
-    centers = torch.sort(score, dim=1, descending=True,
-                         stable=True).indices[:, :num]
-
-    # Every token joins its nearest center; a center joins itself: -inf at
-    # its own slot, which every scale it belongs to sees.
-    center_cols = cols.gather(2, centers[:, None, :].expand(-1, c + 2, -1))
-    if step >= n:
-        dist = torch.bmm(rows, center_cols)
-        return _nearest_center(dist.scatter_(1, centers[:, None, :], -inf),
-                               counts, consts)
-    # Row blocks, each finished before the next.
-    return torch.cat([
-        _nearest_center(
-            torch.bmm(rows[:, r0:r0 + step], center_cols).masked_fill_(
-                centers[:, None, :] == consts.positions[r0:r0 + step, None],
-                -inf), counts, consts) for r0 in range(0, n, step)], 2)
-
-
-def _nearest_denser(rows: torch.Tensor, cols: torch.Tensor,
-                    order: torch.Tensor, step: int,
-                    positions: torch.Tensor) -> torch.Tensor:
-    """(G, n) squared distance of every token to its nearest denser one
-    (+inf for the densest), from row blocks of ``step`` tokens.
-
-    The tokens are taken in density order, so the denser tokens of the i-th
-    are the first i: block [r0, r1) needs only columns [0, r1) (half the
-    distance work of all pairs), and only its diagonal square is masked.
-    """
-    c2 = rows.shape[2]
-    rows_o = rows.gather(1, order[..., None].expand(-1, -1, c2))
-    cols_o = cols.gather(2, order[:, None, :].expand(-1, c2, -1))
-    later = positions[:step] >= positions[:step, None]  # not denser
-    parts = []
-    for r0 in range(0, rows.shape[1], step):
-        d = _distance_chunk(rows_o[:, r0:r0 + step], cols_o[..., :r0 + step])
-        r = d.shape[1]
-        d[..., r0:].masked_fill_(later[:r, :r], float('inf'))
-        parts.append(d.amin(-1))
-    by_order = _cat(parts)  # back from density order to token order
-    return torch.empty_like(by_order).scatter_(1, order, by_order)
-
-
-def _nearest_center(dist: torch.Tensor, counts: Sequence[int],
-                    consts: WindowBatch) -> torch.Tensor:
-    """(G, rows, K) distances to the centers -> (S, G, rows) ids.
-
-    argmin takes the first minimum, so the better center wins ties; all
-    scales in one argmin, slots that are not centers of a scale set to +inf.
-    """
-    if len(counts) == 1 and consts.center_valid is None:
-        return dist[..., :counts[0]].argmin(-1)[None]
-    return torch.where(consts.center_valid[:, :, None, :], dist,
-                       consts.inf).argmin(-1)
+def _cluster_windows(x: torch.Tensor, counts: Sequence[int], k: int,
+                     consts: WindowBatch, plan: ClusteringPlan,
+                     budget: int) -> torch.Tensor:
+    """(S, G, n) ids of G windows by the plan's implementation."""
+    if plan.kernel == 'fused':
+        from .dpc_knn_fused import dpc_knn_fused
+        return dpc_knn_fused(x, counts, k, consts)
+    if plan.kernel == 'reference':
+        return dpc_knn_reference(x, counts, k, consts)
+    return dpc_knn_blocked(x, counts, k, consts, budget, plan.blocked_knn)
 
 
 @torch.no_grad()
@@ -284,15 +81,17 @@ def _assign_stacked(x: torch.Tensor, layout: WindowLayout, k: int,
             win = part.reshape(b, gh, sh, gw, sw, c).transpose(2, 3).reshape(
                 -1, n, c)
             counts = [grp.counts[s] for s in todo]
-            # Whole windows per call, as many as fit the block budget.
-            per_call = max(1, budget // (n * n))
+            # Whole windows per call, as many as fit the block budget (the
+            # fused kernel keeps no block: all in one call).
+            per_call = (win.shape[0] if layout.plan.kernel == 'fused' else
+                        max(1, budget // (n * n)))
             parts = []
             for g0 in range(0, win.shape[0], per_call):
                 sl = (slice(0, None) if per_call >= win.shape[0] else
                       slice(g0, g0 + per_call))
-                parts.append(_dpc_knn_windows(
-                    win[sl], counts, k, budget, layout.plan.blocked_knn,
-                    group_consts.windows(sl)))
+                parts.append(_cluster_windows(
+                    win[sl], counts, k, group_consts.windows(sl),
+                    layout.plan, budget))
             local = _cat(parts, 1)
             if layout.token_pos is None:
                 return local.view(len(todo), b, n_tok)
@@ -346,13 +145,11 @@ def merge_tokens(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor,
     Returns:
         (B, num_clusters, C); differentiable w.r.t. ``x`` and ``w``.
     """
-    b, n, c = x.shape
-    flat = (ids + torch.arange(b, device=x.device)[:, None] *
-            num_clusters).reshape(-1)
-    num = x.new_zeros(b * num_clusters, c).index_add(
-        0, flat, (x * w).reshape(-1, c))
-    den = w.new_zeros(b * num_clusters, 1).index_add(0, flat, w.reshape(-1, 1))
-    return (num / (den + 1e-6)).reshape(b, num_clusters, c)
+    b, _, c = x.shape
+    sums = _cluster_sums(ids[None], torch.cat([x * w, w], -1),
+                         merge_rows(b, [num_clusters], x.device),
+                         x.new_zeros(b * num_clusters, c + 1))
+    return _normalise(sums, [b * num_clusters], b, c)[0]
 
 
 def _cluster_sums(ids: torch.Tensor, weighted: torch.Tensor,
@@ -406,11 +203,16 @@ class DPCKNNClustering(nn.Module):
             bounds the clustering's memory. Default None: the device's
             :class:`~.window_layout.ClusteringPlan` (2**20 on the CPU,
             2**28 elsewhere).
+        plan (ClusteringPlan, optional): How and by which implementation to
+            cluster; None chooses from the device and what is installed
+            (:func:`~.window_layout.plan_for`). Also an attribute, e.g. for
+            the op census to count the CUDA path on a CPU.
     """
 
     def __init__(self, sr_ratio: int, scale_factors: Sequence[int] = (1, 4),
                  k: int = 5, window_size: Optional[int] = None,
-                 max_chunk_elems: Optional[int] = None):
+                 max_chunk_elems: Optional[int] = None,
+                 plan: Optional[ClusteringPlan] = None):
         super().__init__()
         if window_size is not None and window_size < 1:
             raise ValueError(f'window_size must be >= 1, got {window_size}')
@@ -419,16 +221,17 @@ class DPCKNNClustering(nn.Module):
         self.k = k
         self.window_size = window_size
         self.max_chunk_elems = max_chunk_elems
+        self.plan = plan
         self.record_assignments = False
         self.assignments: Optional[List[torch.Tensor]] = None
         self._layout = None  # (key, WindowLayout) of the last grid seen
 
     def layout(self, hw: Tuple[int, int],
                device: torch.device) -> WindowLayout:
-        """The :class:`WindowLayout` of an ``hw`` grid under the device's
-        plan, built once per size (rebuilt, not cached, while tracing or
-        compiling)."""
-        grid, plan = (int(hw[0]), int(hw[1])), plan_for(device)
+        """The :class:`WindowLayout` of an ``hw`` grid under :attr:`plan`
+        (None: the device's), built once per size (rebuilt, not cached, while
+        tracing or compiling)."""
+        grid, plan = (int(hw[0]), int(hw[1])), self.plan or plan_for(device)
         if is_tracing():
             return WindowLayout(grid, self.window_size, self.sr_ratio,
                                 self.scale_factors, device, self.k, plan)
@@ -497,3 +300,12 @@ class DPCKNNClustering(nn.Module):
                 f'window {self.window_size}')
         return (f'sr_ratio={self.sr_ratio}, scales={self.scale_factors}, '
                 f'k={self.k}, {mode}')
+
+
+def use_plan(model: nn.Module, plan: Optional[ClusteringPlan]) -> None:
+    """Set the :class:`~.window_layout.ClusteringPlan` of every DPC-kNN
+    reducer in ``model`` (None: back to the device's); e.g. the op census
+    counts the CUDA path (``FUSED_PLAN``) on a CPU."""
+    for m in model.modules():
+        if isinstance(m, DPCKNNClustering):
+            m.plan = plan

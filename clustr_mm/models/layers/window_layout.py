@@ -6,7 +6,6 @@ a forward pass needs besides the tokens (masks, cluster counts and id
 offsets, the token order), built once per grid size and batch size and kept
 on the device. Nothing here reads token values.
 """
-import contextlib
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
@@ -22,46 +21,42 @@ class ClusteringPlan(NamedTuple):
     ``pad_windows`` pads border windows into one batched call (fewer
     launches) instead of clustering each window shape unpadded in its own
     call (less work); ``blocked_knn`` finds the k nearest among the blocks
-    of 64 columns with the smallest minima (fewer comparisons, more ops).
+    of 64 columns with the smallest minima (fewer comparisons, more ops);
+    ``kernel`` is the implementation (``token_clustering``): 'blocked',
+    'reference' or 'fused'.
     """
     max_chunk_elems: int
     pad_windows: bool
     blocked_knn: bool
+    kernel: str = 'blocked'
 
 
-# Accelerators: launches and host round trips are what cost, so one block of
-# up to 1 GiB fp32 and one padded call per stage (batch 2 at 800 x 1344:
-# stage 1 in two blocks). CPUs: work and cache misses are what cost, so
-# 4 MB blocks that stay in cache, no padded work and the blocked kNN
+# GPUs without Triton: launches and host round trips are what cost, so one
+# block of up to 1 GiB fp32 and one padded call per stage (batch 2 at
+# 800 x 1344: stage 1 in two blocks). CPUs: work and cache misses are what
+# cost, so 4 MB blocks that stay in cache, no padded work and the blocked kNN
 # (measured on 2 cores: 1.5-4x faster clustering than the accelerator plan).
 ACCELERATOR_PLAN = ClusteringPlan(1 << 28, True, False)
 CPU_PLAN = ClusteringPlan(1 << 20, False, True)
-# Under torch.jit.trace (FLOP counters, export): no padding, no split blocks,
-# plain topk, so the traced GEMMs are exactly the algorithm's.
-TRACE_PLAN = ClusteringPlan(1 << 28, False, False)
-_override: List[ClusteringPlan] = []
+# CUDA with Triton: one fused op per window group, border windows padded.
+FUSED_PLAN = ClusteringPlan(1 << 28, True, False, 'fused')
+# Under torch.jit.trace (FLOP counters, export): the reference, unpadded, so
+# the traced GEMMs are exactly the algorithm's.
+TRACE_PLAN = ClusteringPlan(1 << 28, False, False, 'reference')
 
 
 def plan_for(device: Optional[torch.device]) -> ClusteringPlan:
-    """The plan of ``device`` (None: the CPU), unless :func:`planned_as`
-    is in force or a ``torch.jit.trace`` runs."""
-    if _override:
-        return _override[-1]
+    """The plan of ``device`` (None: the CPU) and what is installed; the
+    trace plan while ``torch.jit.trace`` runs."""
     if torch.jit.is_tracing():
         return TRACE_PLAN
-    return CPU_PLAN if device is None or device.type == 'cpu' \
-        else ACCELERATOR_PLAN
-
-
-@contextlib.contextmanager
-def planned_as(plan: ClusteringPlan):
-    """Run the clustering with ``plan`` on any device; e.g. the op census
-    counts the accelerator plan on a CPU-only machine."""
-    _override.append(plan)
-    try:
-        yield plan
-    finally:
-        _override.pop()
+    if device is None or device.type == 'cpu':
+        return CPU_PLAN
+    if device.type == 'cuda':
+        from .dpc_knn_fused import fused_available
+        if fused_available():
+            return FUSED_PLAN
+    return ACCELERATOR_PLAN
 
 
 class WindowBatch(NamedTuple):
@@ -150,6 +145,8 @@ class WindowLayout:
         k: Neighbours of the kNN density (windows with fewer tokens get a
             rescaled mean).
         plan: :class:`ClusteringPlan`; None: :func:`plan_for` ``device``.
+            A plan with ``kernel='fused'`` needs CUDA (its CPU fallback is
+            the blocked path, counted as one op by the census).
 
     Attributes:
         window: (h, w) of a full window; grid: windows per (column, row).

@@ -1,0 +1,187 @@
+"""The fused DPC-kNN (Triton kernels in one custom op) against the reference.
+
+Without a GPU the kernels run under Triton's interpreter, which must be
+switched on before they are defined: those cases run in one child process
+(:func:`interpreted_cases`). Integer-valued features make every fp32 sum
+exact, so cluster ids must be equal. The interpreter accepts kernels a GPU
+compiler would reject, so the kernels are also compiled ahead of time for
+sm_80 and sm_90 (Triton bundles ptxas).
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+TORCH = tuple(int(v) for v in torch.__version__.split('+')[0].split('.')[:2])
+
+try:
+    import triton
+    TRITON = tuple(int(v) for v in triton.__version__.split('.')[:2])
+except ImportError:
+    TRITON = None
+
+needs_triton = pytest.mark.skipif(
+    TRITON is None or TRITON < (3, 2) or TORCH < (2, 4),
+    reason=f'the fused op needs torch >= 2.4 (custom_op) and triton >= 3.2 '
+    f'(interpreter with return_indices, GPUTarget); here torch '
+    f'{torch.__version__}, triton {TRITON}')
+
+# (grid, window size, sr_ratio, batch, channels): exact mode; windows with
+# border windows at the bottom, at the right, both, none; border windows
+# with fewer than k = 5 tokens (11 x 13 in 5-windows: 1 x 3 tokens).
+CASES = [((7, 9), None, 2, 3, 8), ((9, 9), None, 2, 1, 4),
+         ((11, 10), 5, 2, 3, 6), ((10, 13), 5, 2, 1, 6),
+         ((11, 13), 5, 2, 3, 16), ((10, 15), 5, 2, 3, 6),
+         ((16, 20), 8, 4, 2, 20)]
+
+
+def interpreted_cases():
+    """Run in a child with ``TRITON_INTERPRET=1``; prints JSON results."""
+    from clustr_mm.models.backbones.clustr import ClusTR
+    from clustr_mm.models.layers import dpc_knn_fused as fused
+    from clustr_mm.models.layers.token_clustering import (dpc_knn_assign,
+                                                          use_plan)
+    from clustr_mm.models.layers.window_layout import (FUSED_PLAN,
+                                                       TRACE_PLAN,
+                                                       WindowLayout)
+    assert fused.INTERPRET
+    calls = []
+    passes = fused._triton_passes
+
+    def counted(*args):
+        calls.append(1)
+        return passes(*args)
+
+    fused._triton_passes = counted
+    out = dict(ids={}, model={})
+    torch.manual_seed(0)
+    for hw, ws, sr, b, c in CASES:
+        # values in {-1, 0, 1}: many duplicate tokens, exact sums
+        x = torch.randint(-1, 2, (b, hw[0] * hw[1], c)).float()
+        ref = dpc_knn_assign(x, WindowLayout(hw, ws, sr, plan=TRACE_PLAN))
+        got = dpc_knn_assign(x, WindowLayout(hw, ws, sr, plan=FUSED_PLAN))
+        out['ids'][f'{hw}-{ws}-b{b}'] = all(
+            torch.equal(r, g) for r, g in zip(ref, got))
+    out['kernel_calls'] = len(calls)
+    for mode in ('exact', 'window'):
+        torch.manual_seed(1)
+        model = ClusTR('tiny', clustering_mode=mode, window_size=8,
+                       out_indices=(2, )).eval()
+        x = torch.randn(1, 3, 64, 80)
+        with torch.no_grad():
+            use_plan(model, TRACE_PLAN)
+            ref = model(x)[0]
+            use_plan(model, FUSED_PLAN)
+            got = model(x)[0]
+        out['model'][mode] = float((ref - got).abs().max())
+    print('RESULT ' + json.dumps(out))
+
+
+@pytest.fixture(scope='module')
+def interpreted():
+    env = dict(os.environ, TRITON_INTERPRET='1')
+    code = ('import sys; sys.path.insert(0, sys.argv[1]); '
+            'import test_dpc_knn_fused as t; t.interpreted_cases()')
+    proc = subprocess.run([sys.executable, '-c', code, str(HERE)],
+                          capture_output=True, text=True, env=env,
+                          timeout=600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('RESULT ')]
+    assert lines, proc.stderr[-3000:]
+    return json.loads(lines[-1][7:])
+
+
+@needs_triton
+def test_fused_ids_equal_reference(interpreted):
+    assert len(interpreted['ids']) == len(CASES)
+    assert interpreted['kernel_calls'] >= len(CASES)  # the kernels ran
+    bad = [k for k, same in interpreted['ids'].items() if not same]
+    assert not bad, bad
+
+
+@needs_triton
+@pytest.mark.parametrize('mode', ['exact', 'window'])
+def test_clustr_t_through_fused_op_equals_reference(interpreted, mode):
+    assert interpreted['model'][mode] <= 1e-5, interpreted['model']
+
+
+@pytest.mark.skipif(TORCH < (2, 4), reason='torch.library.custom_op is '
+                    f'torch >= 2.4; torch {torch.__version__} runs the code '
+                    'directly')
+def test_fused_op_is_one_op_with_shapes_and_flops():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from clustr_mm.analysis.op_census import op_census
+    from clustr_mm.models.layers.dpc_knn_fused import dpc_knn_flops
+    from clustr_mm.models.layers.token_clustering import dpc_knn_assign
+    from clustr_mm.models.layers.window_layout import (FUSED_PLAN,
+                                                       WindowLayout)
+    layout = WindowLayout((12, 12), None, 2, plan=FUSED_PLAN)
+    x = torch.randn(2, 144, 8)
+    census = op_census(lambda: dpc_knn_assign(x, layout))
+    assert census['by_op'].get('dpc_knn') == 1, census['by_op']
+    assert layout.clustered == [0] and layout.totals == [36, 144]
+    with FlopCounterMode(display=False) as counter:
+        dpc_knn_assign(x, layout)
+    assert counter.get_total_flops() == dpc_knn_flops(2, 144, 8, 36) > 0
+    with torch._subclasses.fake_tensor.FakeTensorMode():
+        fake = torch.ops.clustr_mm.dpc_knn(torch.empty(4, 30, 8), None, None,
+                                           None, [7, 28], 5)
+    assert fake.shape == (2, 4, 30) and fake.dtype == torch.long
+
+
+def _ptxas_usage(kernel, arch):
+    """(registers, spill store bytes, spill load bytes) from ptxas -v."""
+    from triton.backends.nvidia.compiler import get_ptxas
+    text = kernel.asm['ptx']
+    target = re.search(r'\.target (\w+)', text).group(1)  # sm_90a for 90
+    ptx = HERE / f'.ptx_{os.getpid()}_{arch}.ptx'
+    ptx.write_text(text)
+    try:
+        proc = subprocess.run(
+            [get_ptxas(arch).path, '-v', f'--gpu-name={target}', str(ptx),
+             '-o', os.devnull], capture_output=True, text=True, check=True)
+    finally:
+        ptx.unlink()
+    text = proc.stdout + proc.stderr
+    regs = int(re.search(r'Used (\d+) registers', text).group(1))
+    stores, loads = map(int, re.search(
+        r'(\d+) bytes spill stores, (\d+) bytes spill loads', text).groups())
+    return regs, stores, loads
+
+
+@needs_triton
+@pytest.mark.parametrize('arch', [80, 90])
+def test_kernels_compile_for_gpus(arch):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from clustr_mm.models.layers import dpc_knn_fused as f
+    tiles = dict(BLOCK_M=f.BLOCK_M, BLOCK_N=f.BLOCK_N, BLOCK_C=f.BLOCK_C)
+    ptrs = dict.fromkeys(('x_ptr', 'sq_ptr'), '*fp32')
+    sizes = dict(n='i32', C='i32')
+    kernels = {
+        '_knn_kernel': (f._knn_kernel, dict(
+            ptrs, ok_ptr='*i8', tie_ptr='*fp32', knn_ptr='*fp32',
+            rowmax_ptr='*fp32', first_ptr='*i32', **sizes,
+            K='constexpr', KP='constexpr'), dict(K=5, KP=8)),
+        '_denser_kernel': (f._denser_kernel, dict(
+            xo_ptr='*fp32', sqo_ptr='*fp32', oko_ptr='*i8', out_ptr='*fp32',
+            **sizes), {}),
+    }
+    usage = {}
+    for name, (fn, sig, consts) in kernels.items():
+        sig.update(dict.fromkeys(tiles, 'constexpr'))
+        src = ASTSource(fn, sig, dict(consts, **tiles))
+        kernel = triton.compile(src, target=GPUTarget('cuda', arch, 32),
+                                options=dict(num_warps=f.NUM_WARPS))
+        assert kernel.asm['cubin'][:4] == b'\x7fELF'
+        usage[name] = _ptxas_usage(kernel, arch)
+    print(f'sm_{arch} (registers, spill stores, spill loads): {usage}')
+    for name, (regs, stores, loads) in usage.items():
+        assert regs <= 255 and stores == 0 and loads == 0, (name, usage)
