@@ -37,8 +37,9 @@ def run_tool(args, timeout=600, env=None, check=True, python=True):
     """Run a repo tool as a user would (cwd = repo root); return the output."""
     if _current_test is not None and not _current_test.get_closest_marker(
             'slow'):
-        pytest.fail(f'{_current_test.nodeid} starts a tool ({args[0]}): mark '
-                    'it @pytest.mark.slow so `pytest -m "not slow"` stays fast')
+        pytest.fail(f'{_current_test.nodeid} starts a tool ({args[0]}): '
+                    'mark it @pytest.mark.slow so `pytest -m "not slow"` '
+                    'stays fast')
     cmd = [sys.executable, *args] if python else list(args)
     full_env = dict(os.environ, PYTHONUNBUFFERED='1',
                     PYTHON=sys.executable, OMP_NUM_THREADS='2')

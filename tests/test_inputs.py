@@ -119,7 +119,8 @@ def arch_with(name, **settings):
 @pytest.mark.parametrize('name', sorted(SMALL))
 @pytest.mark.parametrize('kwargs,message', [
     (dict(arch=dict(num_heads=(0, 1, 2, 4))),
-     r"arch 'num_heads' must be a sequence of 4 ints >= 1 .*got \(0, 1, 2, 4\)"),
+     r"arch 'num_heads' must be a sequence of 4 ints >= 1 .*"
+     r"got \(0, 1, 2, 4\)"),
     (dict(arch=dict(embed_dims=(0, 16, 32, 64))),
      r"arch 'embed_dims' must be .* ints >= 1 .*got \(0, 16, 32, 64\)"),
     (dict(arch=dict(mlp_ratios=(0, 2, 2, 2))),

@@ -22,7 +22,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from .pretrained import init_backbone_weights
 from ..layers.reducers import PointwiseConv
-from .checks import check_images, check_int, check_per_stage, check_stage_output
+from .checks import (check_images, check_int, check_per_stage,
+                     check_stage_output)
 
 
 # smallest value and whether ints are required, per arch key
