@@ -575,3 +575,87 @@ def test_train_speed_clear_errors(tmp_path):
                          '--input-size', '224x224'], tmp_path, check=False)
     assert none.returncode != 0
     assert 'cannot be set' in none.stdout, none.stdout[-2000:]
+
+
+# --------------------------------------------------------------------------
+# Traffic census
+
+
+def test_traffic_census_counts_bytes_flops_and_bound():
+    from clustr_mm.analysis import traffic
+    lin = nn.Linear(64, 32)
+    x = torch.randn(8, 64)
+
+    def fn():
+        with torch.no_grad():
+            return lin(x).relu()
+
+    static = list(lin.parameters())
+    r = traffic.traffic_census(fn, static=static)
+    assert r['ops'] == 2  # addmm, relu (the weight's transpose is a view)
+    addmm, relu = (next(o for o in r['top_ops'] if o['op'] == name)
+                   for name in ('addmm', 'relu'))
+    read = 4 * (8 * 64 + 64 * 32 + 32)
+    assert addmm['bytes'] == read + 4 * 8 * 32
+    assert addmm['flops'] == 2 * 8 * 64 * 32
+    assert relu['bytes'] == 2 * 4 * 8 * 32 and relu['flops'] == 0
+    assert r['bytes'] == addmm['bytes'] + relu['bytes']
+    assert r['bytes_read'] == read + 4 * 8 * 32
+    assert r['time_bound_s'] == pytest.approx(2 * traffic.LAUNCH_S)
+    # batch 8 -> 800: the weight and bias are read once, the rest 100x
+    big = traffic.traffic_census(fn, static=static, scale=100)
+    assert big['ops'] == 2
+    assert big['bytes'] == pytest.approx(
+        4 * (64 * 32 + 32) + 100 * (r['bytes'] - 4 * (64 * 32 + 32)))
+    assert big['flops'] == 100 * r['flops']
+    assert traffic.time_bound(3e12, 0, False) == pytest.approx(1.0)
+    assert traffic.time_bound(0, 600e12, True) == pytest.approx(1.0)
+    assert traffic.time_bound(0, 50e12, False) == pytest.approx(1.0)
+
+
+def test_traffic_census_sees_the_fused_clustering_as_one_op():
+    if not hasattr(torch.library, 'custom_op'):
+        pytest.skip('torch.library.custom_op is torch >= 2.4')
+    from clustr_mm.analysis.traffic import traffic_census
+    from clustr_mm.models.layers.dpc_knn_fused import dpc_knn_flops
+    from clustr_mm.models.layers.token_clustering import dpc_knn_assign
+    from clustr_mm.models.layers.window_layout import (FUSED_PLAN,
+                                                       WindowLayout)
+    layout = WindowLayout((12, 12), None, 2, plan=FUSED_PLAN)
+    x = torch.randn(2, 144, 8)
+    r = traffic_census(lambda: dpc_knn_assign(x, layout))
+    (op, ) = [o for o in r['top_ops'] if o['op'] == 'clustr_mm::dpc_knn']
+    assert op['count'] == 1
+    # reads the (2, 144, 8) fp32 tokens, writes (1, 2, 144) long ids
+    assert op['bytes'] == 4 * 2 * 144 * 8 + 8 * 2 * 144
+    assert op['flops'] == dpc_knn_flops(2, 144, 8, 36)
+
+
+@pytest.mark.slow
+def test_benchmark_traffic(tmp_path):
+    out = tmp_path / 'traffic.json'
+    proc = run_tool([BENCHMARK, '--traffic', '--amp', 'bf16', '--models',
+                     'clustr-t-window', 'swin-t', '--sizes', '64', '--batch',
+                     '2', '--scale-batch', '8', '--threads', '1', '--out',
+                     str(out)], timeout=300)
+    lines = proc.stdout.splitlines()
+    assert lines[2].split()[:6] == ['model', 'size', 'ops', 'GB', 'GFLOP',
+                                    'bound']
+    rows = json.loads(out.read_text())
+    assert [r['model'] for r in rows] == ['clustr-t-window', 'swin-t']
+    clustr, swin = rows
+    for r in rows:
+        assert 'error' not in r, r
+        assert r['scale_batch'] == 8 and len(r['top_ops']) == 10
+        assert r['bytes'] == pytest.approx(r['bytes_read'] +
+                                           r['bytes_written'])
+        assert r['time_bound_s'] >= r['ops'] * 2.5e-6 * (1 - 1e-9)
+    # the clustering is the fused op, once per clustering block
+    assert clustr['op_counts']['clustr_mm::dpc_knn'] == 9
+    assert 'topk' not in clustr['op_counts']
+    assert clustr['bytes_vs_swin_t'] == pytest.approx(
+        clustr['bytes'] / swin['bytes'])
+    assert any(ln.strip().startswith('clustr-t-window  bytes')
+               for ln in lines)
+    bad = run_tool([BENCHMARK, '--scale-batch', '8'], check=False)
+    assert bad.returncode != 0 and '--scale-batch' in bad.stdout

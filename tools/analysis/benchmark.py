@@ -21,6 +21,17 @@ Op census (aten ops and host syncs of one eval forward, on any device):
 
     python tools/analysis/benchmark.py --census --batch 2 --sizes 224 512 800x1344
 
+Traffic census (bytes moved, FLOPs and a roofline time bound per op of one
+eval forward, or with ``--train-step`` one forward + backward, on any
+device; the GPU code path; ratios to the peers of the same run):
+
+    python tools/analysis/benchmark.py --traffic --amp bf16 --batch 2 \
+        --scale-batch 128 --sizes 224 --models clustr-s-window paca-s \
+        pvtv2-b2 swin-t
+    python tools/analysis/benchmark.py --traffic --amp bf16 --batch 2 \
+        --train-step --sizes 800x1344 --models clustr-s-window paca-s \
+        pvtv2-b2 swin-t
+
 Every (model, size) is measured in a fresh child process, so no measurement
 is polluted by an earlier one. Peers come from the installed mmdet.
 
@@ -44,10 +55,20 @@ is polluted by an earlier one. Peers come from the installed mmdet.
   on a GPU); the warm-up (default 3 then) takes the compilation, the JSON
   gives ``compiled_graphs`` (1 per model and train/eval mode when nothing
   breaks the graph).
+- ``--traffic``: no timing; ``clustr_mm.analysis.traffic`` of one call
+  after a warm-up one: per op the bytes read and written at the dtype it ran
+  in, its FLOPs (``torch.utils.flop_counter``), and a roofline time bound
+  ``max(bytes / 3.0 TB/s, FLOPs / peak, 2.5 us)`` with peak ~600 TFLOP/s for
+  bf16/fp16 inputs and ~50 TFLOP/s for fp32 (an H100's, rounded); totals,
+  the ten biggest ops, and each model's ratios to ``swin-t`` and
+  ``pvtv2-b2`` when they ran. ``--scale-batch N`` reports batch N from a
+  ``--batch`` run: ops on weights alone keep their traffic, all others are
+  scaled by N / batch. ClusTR's fused clustering op counts as one op with
+  its real inputs, outputs and FLOPs.
 - ``--census``: no timing; ``clustr_mm.analysis.op_census`` of one eval
   forward after a warm-up one: the ops (about the kernel launches on a GPU),
   the host syncs and the most frequent ops. ClusTR's clustering runs its
-  accelerator plan (``ACCELERATOR_PLAN`` in ``window_layout``) on every
+  CUDA path (``FUSED_PLAN`` in ``window_layout``: the fused op) on every
   device, so a CPU census counts the GPU's code path.
 
 The output starts with the device, torch version, batch, amp and command
@@ -98,6 +119,7 @@ CATEGORIES = (('clustering', ('cluster', 'clustering')), ('attention', ('attn', 
 
 AMP_DTYPES = {'bf16': 'bfloat16', 'fp16': 'float16'}
 REFERENCE = 'pvtv2-b2'  # img/s ratios are given against this model
+TRAFFIC_PEERS = ('swin-t', 'pvtv2-b2')  # traffic ratios against these
 
 
 def parse_size(text):
@@ -236,6 +258,14 @@ class BlockTimer:
             self.stack[-1][1] += spent
 
 
+def cuda_path(model):
+    """Make ClusTR's clustering take its CUDA path on any device: the fused
+    op (on a CPU it runs the blocked code inside, seen as the one op)."""
+    from clustr_mm.models.layers.token_clustering import use_plan
+    from clustr_mm.models.layers.window_layout import FUSED_PLAN
+    use_plan(model, FUSED_PLAN)
+
+
 def measure(name, size, args):
     """One (model, size) measurement; runs inside the child process."""
     torch.set_num_threads(args.threads)
@@ -256,12 +286,34 @@ def measure(name, size, args):
         with autocast(args):
             return model(x)
 
+    if args.traffic:
+        from clustr_mm.analysis.traffic import traffic_census
+        cuda_path(model)
+        if args.train_step:
+            model.train()
+
+            def step():
+                with autocast(args):
+                    loss = sum(o.float().mean() for o in model(x))
+                loss.backward()
+                model.zero_grad(set_to_none=True)
+        else:
+
+            def step():
+                with torch.no_grad():
+                    forward()
+
+        scale = (args.scale_batch or args.batch) / args.batch
+        result.update(traffic_census(
+            step, static=list(model.parameters()) + list(model.buffers()),
+            scale=scale))
+        result['scale_batch'] = args.scale_batch or args.batch
+        return result
+
     if args.census:
         from clustr_mm.analysis.op_census import op_census
-        from clustr_mm.models.layers.window_layout import (
-            ACCELERATOR_PLAN, planned_as)
-        with planned_as(ACCELERATOR_PLAN):
-            result.update(op_census(forward, warmup=1))
+        cuda_path(model)
+        result.update(op_census(forward, warmup=1))
         return result
 
     sync = synchronizer(args.device)
@@ -331,8 +383,10 @@ def run_child(name, size, args):
            str(args.warmup), '--device', args.device, '--amp', args.amp,
            '--compile', args.compile]
     cmd += [f'--{f}' for f in ('train-step', 'with-cp', 'flops', 'breakdown',
-                                'census')
+                                'census', 'traffic')
             if getattr(args, f.replace('-', '_'))]
+    if args.scale_batch:
+        cmd += ['--scale-batch', str(args.scale_batch)]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
                           timeout=args.timeout)
@@ -357,7 +411,8 @@ def run_info(args, argv):
     device_name = (torch.cuda.get_device_name() if args.device == 'cuda'
                    else cpu_name())
     # a census counts one forward after one warm-up
-    calls = (1, 1) if args.census else (args.warmup, args.runs)
+    calls = (1, 1) if args.census or args.traffic else (args.warmup,
+                                                         args.runs)
     return dict(device=args.device, device_name=device_name,
                 torch=torch.__version__, amp=args.amp,
                 compile=args.compile, warmup=calls[0],
@@ -377,6 +432,9 @@ class Table:
                                or args.train_step)
 
     def header(self):
+        if self.args.traffic:
+            return (f'{"model":16s} {"size":>9s} {"ops":>6s} {"GB":>8s} '
+                    f'{"GFLOP":>8s} {"bound ms":>9s}  top 3 ops by bound')
         if self.args.census:
             return (f'{"model":16s} {"size":>9s} {"ops":>7s} '
                     f'{"host_syncs":>10s}  top 5 ops')
@@ -398,6 +456,12 @@ class Table:
             return f'{start}  skipped ({r["skipped"]})'
         if 'error' in r:
             return f'{start}  failed: {r["error"]}'
+        if self.args.traffic:
+            top = ', '.join(f'{o["op"]} {o["time_s"] * 1e3:.2f} ms'
+                            for o in r['top_ops'][:3])
+            return (f'{start} {r["ops"]:6d} {r["bytes"] / 1e9:8.2f} '
+                    f'{r["flops"] / 1e9:8.1f} {r["time_bound_s"] * 1e3:9.2f}'
+                    f'  {top}')
         if self.args.census:
             top = ', '.join(f'{k} {v}' for k, v in sorted(
                 r['by_op'].items(), key=lambda kv: -kv[1])[:5])
@@ -418,9 +482,34 @@ class Table:
                                          for k, v in r['breakdown_s'].items())
         return line
 
+    def traffic_ratios(self, rows):
+        """Bytes and time bound of each row over each peer's at the same
+        size, added to the rows; the lines to print."""
+        lines = []
+        for peer in TRAFFIC_PEERS:
+            ref = next((r for r in rows if r['model'] == peer
+                        and 'bytes' in r), None)
+            if ref is None:
+                continue
+            lines.append(f'  relative to {peer} at {ref["size"]}:')
+            key = peer.replace('-', '_')
+            for r in rows:
+                if r is ref or 'bytes' not in r:
+                    continue
+                r[f'bytes_vs_{key}'] = r['bytes'] / ref['bytes']
+                r[f'time_bound_vs_{key}'] = (r['time_bound_s'] /
+                                             ref['time_bound_s'])
+                lines.append(f'    {r["model"]:16s} bytes '
+                             f'{r[f"bytes_vs_{key}"]:.2f}x  time bound '
+                             f'{r[f"time_bound_vs_{key}"]:.2f}x  ops '
+                             f'{r["ops"] / ref["ops"]:.2f}x')
+        return lines
+
     def ratios(self, rows):
         """img/s of each row over the reference model's at the same size,
         added to the rows; the lines to print."""
+        if self.args.traffic:
+            return self.traffic_ratios(rows)
         ref = next((r for r in rows if r['model'] == REFERENCE
                     and 'infer_img_s' in r), None)
         if not self.throughput or ref is None:
@@ -472,6 +561,15 @@ def parse_args(argv):
     parser.add_argument('--census', action='store_true',
                         help='instead of timing: aten ops and host syncs of '
                         'one eval forward (the GPU code path on any device)')
+    parser.add_argument('--traffic', action='store_true',
+                        help='instead of timing: bytes, FLOPs and a roofline '
+                        'time bound per op of one eval forward (or forward + '
+                        'backward with --train-step); the GPU code path, '
+                        'H100 constants: 3.0 TB/s, 600 TFLOP/s bf16/fp16, '
+                        '50 TFLOP/s fp32, 2.5 us per kernel')
+    parser.add_argument('--scale-batch', type=int, metavar='N',
+                        help='with --traffic: report batch N, scaling the '
+                        'per-image traffic of the --batch run')
     parser.add_argument('--flops', action='store_true',
                         help='count FLOPs (attention and clustering included)')
     parser.add_argument('--breakdown', action='store_true',
@@ -500,8 +598,19 @@ def parse_args(argv):
             parser.error('--census counts the ops of one eval forward; it '
                          'does not combine with ' +
                          ', '.join('--' + f.replace('_', '-') for f in clash))
+    if args.traffic:
+        clash = [f for f in ('census', 'flops', 'breakdown', 'plot')
+                 if getattr(args, f)]
+        if clash:
+            parser.error('--traffic counts the ops of one call; it does not '
+                         'combine with ' + ', '.join(
+                             '--' + f.replace('_', '-') for f in clash))
+    if args.scale_batch is not None and (not args.traffic
+                                         or args.scale_batch < 1):
+        parser.error(f'--scale-batch takes a batch >= 1 and needs '
+                     f'--traffic, got {args.scale_batch}')
     if args.compile != 'none':
-        clash = [f for f in ('census', 'flops', 'breakdown')
+        clash = [f for f in ('census', 'traffic', 'flops', 'breakdown')
                  if getattr(args, f)]
         if clash:
             parser.error('--compile times the compiled model; ' +
