@@ -162,12 +162,13 @@ def test_sigterm_and_resume_without_a_seed_match_the_uninterrupted_run(
         stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS='1'))
     deadline = time.time() + 120
     while not (killed / 'epoch_1.pth').exists() and time.time() < deadline:
-        assert proc.poll() is None, 'training ended before it could be stopped'
+        assert proc.poll() is None, 'training ended before the signal'
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait() == -signal.SIGTERM
     assert not (killed / 'epoch_3.pth').exists()
-    seed = torch.load(killed / 'epoch_1.pth', map_location='cpu')['meta']['seed']
+    seed = torch.load(killed / 'epoch_1.pth',
+                      map_location='cpu')['meta']['seed']
     out = run_tool(['tools/train.py', PACA_CLS, '--work-dir', str(killed),
                     '--resume', *opts], env=ONE_THREAD).stdout
     assert 'resumed epoch: ' in out
@@ -178,22 +179,33 @@ def test_sigterm_and_resume_without_a_seed_match_the_uninterrupted_run(
     assert resumed == [p for p in logged_losses(full) if p[0] >= resumed[0][0]]
 
 
-def test_diverged_run_stops_before_saving(tiny_data, tmp_path):
-    """lr 1e6: the loss is NaN from iteration 2; the run stops there, names
-    it, and writes no checkpoint (it used to train on and save NaN weights)."""
+@pytest.mark.parametrize('option,iteration', [
+    ('optim_wrapper.optimizer.lr=1e6', 2),
+    ('model.head.loss.loss_weight=nan', 1)])
+def test_diverged_run_stops_before_saving(tiny_data, tmp_path, option,
+                                          iteration):
+    """lr 1e6: iteration 2 overflows (the backbone's stage check) or its
+    loss is NaN (FailFastHook); a NaN loss weight: iteration 1's loss is NaN
+    with finite activations (FailFastHook). Either way the run stops there,
+    says so and writes no checkpoint (it used to train on and save NaN
+    weights)."""
     proc = run_tool(['tools/train.py', PACA_CLS, '--work-dir', str(tmp_path),
-                     '--cfg-options', 'optim_wrapper.optimizer.lr=1e6',
-                     'train_cfg.max_epochs=2'], check=False, env=ONE_THREAD)
+                     '--cfg-options', option, 'train_cfg.max_epochs=2'],
+                    check=False, env=ONE_THREAD)
     assert proc.returncode == 1, proc.stdout[-3000:]
-    assert re.search(r'training diverged at iteration 2 \(epoch 1\): '
-                     r'loss=nan', proc.stdout), proc.stdout[-3000:]
+    assert re.search(rf'(training diverged|stopped) at iteration {iteration} '
+                     r'\(epoch 1\)', proc.stdout), proc.stdout[-3000:]
+    if 'nan' in option:
+        assert ('training diverged at iteration 1 (epoch 1): loss=nan'
+                in proc.stdout)
+    assert 'loss=nan' in proc.stdout or 'NaN/Inf' in proc.stdout
     assert not list(tmp_path.glob('*.pth'))
 
 
 def test_checkpoint_option_typo_fails_before_the_first_iteration(tmp_path):
+    typo = 'default_hooks.checkpoint.max_keep_ckpt=1'
     proc = run_tool(['tools/train.py', PACA_CLS, '--work-dir', str(tmp_path),
-                     '--cfg-options', 'default_hooks.checkpoint.max_keep_ckpt=1'],
-                    check=False, env=ONE_THREAD)
+                     '--cfg-options', typo], check=False, env=ONE_THREAD)
     assert proc.returncode != 0
     assert ("unknown option 'max_keep_ckpt' (did you mean 'max_keep_ckpts'?)"
             in proc.stdout), proc.stdout[-3000:]

@@ -66,15 +66,16 @@ class FailFastHook(Hook):
 
     def after_train_iter(self, runner, batch_idx, data_batch=None,
                          outputs=None) -> None:
-        losses = {key: float(value.detach()) for key, value in (outputs or {}).items()
+        losses = {key: float(value.detach())
+                  for key, value in (outputs or {}).items()
                   if 'loss' in key and isinstance(value, torch.Tensor)
                   and value.numel() == 1}
         bad = {k: v for k, v in losses.items() if not math.isfinite(v)}
         if bad:
             shown = ', '.join(f'{k}={v}' for k, v in bad.items())
             raise DivergedError(
-                f'training diverged at {training_position(runner)}: {shown}; nothing '
-                'of this iteration was saved. Lower the learning rate '
+                f'training diverged at {training_position(runner)}: {shown}; '
+                'nothing of this iteration was saved. Lower the learning rate '
                 '(optim_wrapper.optimizer.lr) or clip gradients '
                 '(optim_wrapper.clip_grad=dict(max_norm=...)) and resume '
                 'from the last checkpoint')

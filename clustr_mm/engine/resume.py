@@ -81,7 +81,7 @@ def explain_unreadable(path: str, err: ValueError) -> ValueError:
     listing the other checkpoints next to it."""
     others = [p for p in checkpoints_newest_first(osp.dirname(path) or '.')
               if not osp.samefile(p, path)]
-    hint = (f'; other checkpoints there: {", ".join(map(osp.basename, others))}'
-            if others else '')
+    names = ', '.join(map(osp.basename, others))
+    hint = f'; other checkpoints there: {names}' if others else ''
     return ValueError(f'--resume: {err}. Pick another with --resume PATH'
                       f'{hint}')
