@@ -16,7 +16,8 @@ from .base import PyramidBackbone, parse_arch, per_stage_reducers
 from .checks import check_int
 from .stage import PyramidStage, drop_path_rates
 
-# Keys of checkpoints saved before the stages were modules of their own.
+# The earlier checkpoint key layout (patch_embeds.i, stages.i.j, norms.i):
+# such checkpoints must keep loading.
 _LEGACY_KEYS = [
     (re.compile(r'^patch_embeds\.(\d+)\.'), r'stages.\1.downsample.'),
     (re.compile(r'^stages\.(\d+)\.(\d+)\.'), r'stages.\1.blocks.\2.'),
