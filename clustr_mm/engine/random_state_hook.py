@@ -14,8 +14,10 @@ class RandomStateHook(Hook):
 
     MMEngine saves weights, optimizer and schedulers but not the random
     generators, so a resumed run draws different augmentations and dropout
-    masks than the uninterrupted one would have. With this hook (added by
-    ``tools/train.py``), a CPU run killed after a checkpoint and resumed
+    masks than the uninterrupted one would have. With this hook (in every
+    shipped config; ``tools/train.py`` adds it to others) and the seed that
+    ``tools/train.py --resume`` restores before the samplers are built
+    (``resume.py``), a CPU run killed after a checkpoint and resumed
     reproduces the uninterrupted run's losses and weights exactly.
     """
 
