@@ -96,6 +96,7 @@ def interpreted():
     return json.loads(lines[-1][7:])
 
 
+@pytest.mark.slow
 @needs_triton
 def test_fused_ids_equal_reference(interpreted):
     assert len(interpreted['ids']) == len(CASES)
@@ -104,6 +105,7 @@ def test_fused_ids_equal_reference(interpreted):
     assert not bad, bad
 
 
+@pytest.mark.slow
 @needs_triton
 @pytest.mark.parametrize('mode', ['exact', 'window'])
 def test_clustr_t_through_fused_op_equals_reference(interpreted, mode):
@@ -155,6 +157,7 @@ def _ptxas_usage(kernel, arch):
     return regs, stores, loads
 
 
+@pytest.mark.slow
 @needs_triton
 @pytest.mark.parametrize('arch', [80, 90])
 def test_kernels_compile_for_gpus(arch):

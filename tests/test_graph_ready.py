@@ -3,7 +3,7 @@
 The op census (``clustr_mm.analysis.op_census``) counts the aten ops that do
 work and the host syncs of one eval forward on the CPU; on a GPU each op is
 at least one kernel launch and each sync stalls the host. The targets are
-those of issue 12: ClusTR-S at 224, batch 2, <= 1,200 ops and no sync; at
+the project's: ClusTR-S at 224, batch 2, <= 1,200 ops and no sync; at
 512x512 and 800x1344 at most 1.3x the 224 count; PaCa-S no sync.
 """
 import pytest
@@ -25,7 +25,7 @@ torch.set_num_threads(2)
 
 # ClusTR-S's depths, heads and ratios at a quarter of its width: the op
 # sequence depends on depths, grids and windows only (checked below against
-# ClusTR-S itself at 224), and the census runs 5x faster.
+# ClusTR-S itself at 224), and the census runs faster.
 NARROW_S = dict(ClusTR.arch_zoo['small'], embed_dims=(16, 32, 64, 128))
 # One block per stage, for compiling in reasonable time on two cores.
 ONE_BLOCK = dict(embed_dims=(16, 32, 64, 64), depths=(1, 1, 1, 1),

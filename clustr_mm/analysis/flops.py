@@ -35,10 +35,12 @@ PVT, Swin, PaCa-ViT and mmdet/mmseg's ``get_flops``. On top of it:
 
   A scale whose cluster count equals the number of tokens of every window
   is the identity (nothing is clustered, nothing counted). Windows whose
-  every clustered scale is the identity are skipped, as in the code. Not
-  counted: our implementation's distance recomputation for local density
-  peaks (data dependent, typically a few percent of the distances), the
-  index bookkeeping, and the ``exp`` of the token weights.
+  every clustered scale is the identity are skipped, as in the code. This
+  is the algorithm's work (the reference implementation, what a jit trace
+  records); not counted: the fast paths' own layout of the work (padded
+  border windows; the blocked path's second pass over the denser half of
+  the distances; the fused op's recomputed distance tiles), the index
+  bookkeeping, and the ``exp`` of the token weights.
 
 :func:`analyze_flops` runs the count and sorts it into parts of the model
 (patch embedding, attention projections, attention products, clustering,

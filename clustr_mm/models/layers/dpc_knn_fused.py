@@ -21,9 +21,8 @@ are not on CUDA the op runs the blocked implementation, unless Triton's
 interpreter is on (``TRITON_INTERPRET=1`` before this module is imported),
 which runs the kernels on the CPU for tests.
 """
-import functools
 import os
-from typing import List, Optional, Sequence
+from typing import List, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -173,14 +172,22 @@ def _triton_passes(x: torch.Tensor, counts: Sequence[int], k: int,
                           consts)
 
 
-def _windows(x, invalid, knn_scale, center_valid):
-    """The window constants the implementations take
-    (:class:`~.window_layout.WindowBatch`) from the op's arguments."""
-    from .window_layout import WindowBatch
+class _Windows(NamedTuple):
+    """The window constants the implementations read (the fields of
+    ``window_layout.WindowBatch`` they use), from the op's arguments."""
+    invalid: Optional[torch.Tensor]
+    knn_scale: Optional[torch.Tensor]
+    ones: torch.Tensor
+    center_valid: Optional[torch.Tensor]
+    positions: torch.Tensor
+    inf: torch.Tensor
+
+
+def _windows(x, invalid, knn_scale, center_valid) -> _Windows:
     g, n, _ = x.shape
-    return WindowBatch(invalid, knn_scale, x.new_ones(g, n, 1), center_valid,
-                       torch.arange(n, device=x.device), None,
-                       x.new_tensor(float('inf')))
+    return _Windows(invalid, knn_scale, x.new_ones(g, n, 1), center_valid,
+                    torch.arange(n, device=x.device),
+                    x.new_tensor(float('inf')))
 
 
 def _dpc_knn(x: torch.Tensor, invalid: Optional[torch.Tensor],

@@ -35,7 +35,7 @@ class ClusteringPlan(NamedTuple):
 # block of up to 1 GiB fp32 and one padded call per stage (batch 2 at
 # 800 x 1344: stage 1 in two blocks). CPUs: work and cache misses are what
 # cost, so 4 MB blocks that stay in cache, no padded work and the blocked kNN
-# (measured on 2 cores: 1.5-4x faster clustering than the accelerator plan).
+# (faster on CPUs than the accelerator plan: docs/benchmarks.md).
 ACCELERATOR_PLAN = ClusteringPlan(1 << 28, True, False)
 CPU_PLAN = ClusteringPlan(1 << 20, False, True)
 # CUDA with Triton: one fused op per window group, border windows padded.
@@ -145,8 +145,6 @@ class WindowLayout:
         k: Neighbours of the kNN density (windows with fewer tokens get a
             rescaled mean).
         plan: :class:`ClusteringPlan`; None: :func:`plan_for` ``device``.
-            A plan with ``kernel='fused'`` needs CUDA (its CPU fallback is
-            the blocked path, counted as one op by the census).
 
     Attributes:
         window: (h, w) of a full window; grid: windows per (column, row).
