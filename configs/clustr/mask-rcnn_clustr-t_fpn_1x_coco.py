@@ -14,6 +14,8 @@ custom_hooks = [dict(type='RandomStateHook'), dict(type='FailFastHook')]
 imagenet_checkpoint = 'work_dirs/clustr-t_8xb128_in1k/epoch_300.pth'
 
 model = dict(
+    # short of GPU memory: add with_cp=True (each block recomputed in the
+    # backward pass; figures in docs/benchmarks.md)
     backbone=dict(
         _delete_=True,
         type='ClusTR',

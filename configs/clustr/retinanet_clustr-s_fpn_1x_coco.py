@@ -11,6 +11,8 @@ custom_hooks = [dict(type='RandomStateHook'), dict(type='FailFastHook')]
 imagenet_checkpoint = 'work_dirs/clustr-s_8xb128_in1k/epoch_300.pth'
 
 model = dict(
+    # short of GPU memory: add with_cp=True (each block recomputed in the
+    # backward pass; figures in docs/benchmarks.md)
     backbone=dict(
         _delete_=True,
         type='ClusTR',

@@ -17,6 +17,8 @@ imagenet_checkpoint = ('https://github.com/iVMCL/PaCaViT/releases/download/'
                        'pacavit/IMNET_224_pacavit_small_p2cconv_100_0.pth')
 
 model = dict(
+    # short of GPU memory: add with_cp=True (each block recomputed in the
+    # backward pass; figures in docs/benchmarks.md)
     backbone=dict(
         _delete_=True,
         type='PaCaViT',

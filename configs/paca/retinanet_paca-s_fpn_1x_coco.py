@@ -6,6 +6,8 @@ _base_ = '../clustr/retinanet_clustr-s_fpn_1x_coco.py'
 imagenet_checkpoint = ('https://github.com/iVMCL/PaCaViT/releases/download/'
                        'pacavit/IMNET_224_pacavit_small_p2cconv_100_0.pth')
 model = dict(
+    # short of GPU memory: add with_cp=True (each block recomputed in the
+    # backward pass; figures in docs/benchmarks.md)
     backbone=dict(
         _delete_=True,
         type='PaCaViT',
