@@ -40,6 +40,11 @@ def _census(cfg, hw, batch=2, plan=FUSED_PLAN):
     return op_census(lambda: model(x))
 
 
+@pytest.mark.skipif(
+    not hasattr(torch.library, 'custom_op'),
+    reason='the CUDA path counts the fused clustering as one op, which needs '
+    'torch.library.custom_op (torch >= 2.4); older torch runs its body op by '
+    'op')
 @pytest.mark.parametrize('mode', ['exact', 'window'])
 def test_clustr_s_census_at_224(mode):
     narrow = _census(dict(type='ClusTR', arch=NARROW_S,
