@@ -4,6 +4,7 @@ A test that starts a tool (:func:`run_tool`) must be marked
 ``@pytest.mark.slow`` (markers: pytest.ini), so that ``pytest -m "not slow"``
 stays the fast loop; :func:`run_tool` refuses to run in an unmarked test.
 """
+import importlib.util
 import json
 import os
 import subprocess
@@ -59,3 +60,22 @@ def logged_losses(work_dir):
     lines = (runs[-1] / 'vis_data' / 'scalars.json').read_text().splitlines()
     return [(r['iter'], r['loss']) for r in map(json.loads, lines)
             if 'loss' in r]
+
+
+def load_tool(name):
+    """The module of ``tools/analysis/<name>.py``, to call its functions."""
+    path = ROOT / 'tools' / 'analysis' / f'{name}.py'
+    spec = importlib.util.spec_from_file_location(f'_tool_{name}', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def learning_result(config, metric, min_gain, work_dir):
+    """``learning_check.py``'s result (start/end metric) for ``config``."""
+    out = run_tool(['tools/analysis/learning_check.py', config,
+                    '--metric', metric, '--min-gain', str(min_gain),
+                    '--work-dir', str(work_dir)], check=False).stdout
+    line = [ln for ln in out.splitlines() if ln.startswith('[learning] ')]
+    assert line, out[-3000:]
+    return json.loads(line[-1][len('[learning] '):])

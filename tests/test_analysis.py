@@ -1,6 +1,5 @@
 """The analysis tools: FLOP counting against hand counts, get_flops on every
 library, and cluster pictures whose colours follow the assignments."""
-import importlib.util
 import json
 from pathlib import Path
 
@@ -14,17 +13,9 @@ import clustr_mm  # noqa: F401
 from clustr_mm.models.layers import ClusterAttention, PaCaAttention
 from clustr_mm.analysis.flops import analyze_flops, dpc_knn_flops
 
-from conftest import run_tool
+from conftest import load_tool, run_tool
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load_tool(name):
-    path = ROOT / 'tools' / 'analysis' / f'{name}.py'
-    spec = importlib.util.spec_from_file_location(f'_tool_{name}', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class OneBlock(nn.Module):
@@ -160,7 +151,7 @@ def test_dpc_knn_count_window_mode_tiles_the_grid():
      {'neck', 'heads'}),
 ])
 def test_get_flops_libraries(config, shape, parts):
-    tool = _load_tool('get_flops')
+    tool = load_tool('get_flops')
     r = tool.get_flops(str(ROOT / config), shape)
     assert r['flops'] > 0 and r['params'] > r['backbone_params'] > 0
     assert sum(r['by_part'].values()) == r['flops']
@@ -221,7 +212,7 @@ def _check_hard_panel(pixels, panel, ids):
 
 
 def test_render_colours_follow_assignments(tmp_path):
-    tool = _load_tool('visualize_clusters')
+    tool = load_tool('visualize_clusters')
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 9, (6, 8), generator=gen)
     ids[0, 0] = -1  # a token left out by its reducer
@@ -254,7 +245,7 @@ def test_render_colours_follow_assignments(tmp_path):
 
 
 def test_palette_distinct():
-    tool = _load_tool('visualize_clusters')
+    tool = load_tool('visualize_clusters')
     palette = tool.cluster_palette(3000)
     assert len({tuple(c) for c in palette}) == 3000
     assert tuple(tool.UNASSIGNED) not in {tuple(c) for c in palette}
@@ -266,7 +257,7 @@ def test_palette_distinct():
     ('configs/paca/paca-t_8xb128_in1k.py', 'soft'),
 ])
 def test_visualize_clusters_end_to_end(tiny_data, tmp_path, config, kind):
-    tool = _load_tool('visualize_clusters')
+    tool = load_tool('visualize_clusters')
     image = sorted((tiny_data / 'imagenet' / 'val').glob('*.JPEG'))[0]
     out = tmp_path / 'vis.png'
     picture, panels, records = tool.main([
@@ -299,7 +290,7 @@ def cls_checkpoint(tmp_path):
     """A runner-style checkpoint (``meta`` + ``state_dict``) of the embedded
     classifier, with weights drawn from seed 1 (the tools' random
     initialisation uses seed 0, so loaded weights are told apart)."""
-    tool = _load_tool('visualize_clusters')
+    tool = load_tool('visualize_clusters')
     torch.manual_seed(1)
     model, _ = tool.build_model(str(ROOT / CLS_EMBEDDED))
     state = model.state_dict()
@@ -309,7 +300,7 @@ def cls_checkpoint(tmp_path):
 
 
 def test_get_flops_loads_checkpoint(cls_checkpoint, tmp_path):
-    tool = _load_tool('get_flops')
+    tool = load_tool('get_flops')
     path, state = cls_checkpoint
     config = str(ROOT / CLS_EMBEDDED)
     bare = tool.get_flops(config)
@@ -351,7 +342,7 @@ def test_get_flops_cli_with_checkpoint(cls_checkpoint, tmp_path):
 @pytest.mark.slow
 def test_visualize_clusters_config_checkpoint_order(tiny_data, tmp_path,
                                                     cls_checkpoint):
-    tool = _load_tool('visualize_clusters')
+    tool = load_tool('visualize_clusters')
     path, state = cls_checkpoint
     config = str(ROOT / CLS_EMBEDDED)
     image = str(sorted((tiny_data / 'imagenet' / 'val').glob('*.JPEG'))[0])
@@ -498,7 +489,7 @@ def test_benchmark_compile_refuses_eager_only_modes():
 
 
 def test_benchmark_ratios_to_pvtv2():
-    tool = _load_tool('benchmark')
+    tool = load_tool('benchmark')
     table = tool.Table(tool.parse_args(['--train-step']))
     rows = [dict(model='paca-s', size='224x224', infer_img_s=40.0,
                  train_img_s=10.0),

@@ -1,7 +1,6 @@
 """PaCa segmentation head: the official computation and key layout, its
 auxiliary cluster loss, the whole segmentor's size, official-layout
 checkpoints, and learning on the embedded ADE20K."""
-import json
 import re
 import subprocess
 import sys
@@ -9,7 +8,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ROOT, run_tool
+from conftest import ROOT, learning_result, run_tool
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
 from mmengine.structures import PixelData
@@ -389,11 +388,7 @@ def test_embedded_config_learns(tiny_data, tmp_path):
     """PaCa-T + PaCa head from random weights on the embedded ADE20K: mIoU
     after the config's 40 iterations far above the untrained model's (a run
     measured 0.0 -> 25.5)."""
-    out = run_tool(['tools/analysis/learning_check.py',
-                    'configs/paca/pacahead_paca-t_embedded-ade20k.py',
-                    '--metric', 'mIoU', '--min-gain', '15',
-                    '--work-dir', str(tmp_path)], check=False).stdout
-    line = [ln for ln in out.splitlines() if ln.startswith('[learning] ')]
-    assert line, out[-3000:]
-    result = json.loads(line[-1][len('[learning] '):])
+    result = learning_result(
+        'configs/paca/pacahead_paca-t_embedded-ade20k.py', 'mIoU', 15,
+        tmp_path)
     assert result['end'] >= result['start'] + 15, result

@@ -1,5 +1,4 @@
 """End-to-end runs of tools/train.py, tools/test.py and dist_train.sh."""
-import json
 import os
 import re
 import signal
@@ -9,7 +8,8 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT, logged_losses, run_tool
+from conftest import (ROOT, learning_result, load_tool, logged_losses,
+                      run_tool)
 
 import clustr_mm  # noqa: F401  (allow-lists runner checkpoint types)
 
@@ -138,13 +138,8 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tiny_data, tmp_path):
 
 def test_segmentation_learns_on_embedded_data(tiny_data, tmp_path):
     """The embedded ADE20K run takes mIoU far above the untrained model's."""
-    out = run_tool(['tools/analysis/learning_check.py',
-                    'configs/clustr/fpn_clustr-t_embedded-ade20k.py',
-                    '--metric', 'mIoU', '--min-gain', '20',
-                    '--work-dir', str(tmp_path)], check=False).stdout
-    line = [ln for ln in out.splitlines() if ln.startswith('[learning] ')]
-    assert line, out[-3000:]
-    result = json.loads(line[-1][len('[learning] '):])
+    result = learning_result('configs/clustr/fpn_clustr-t_embedded-ade20k.py',
+                             'mIoU', 20, tmp_path)
     assert result['end'] >= result['start'] + 20, result
 
 
@@ -221,18 +216,9 @@ def test_amp_trains_in_bf16_on_the_cpu(tiny_data, tmp_path):
     assert logged_losses(tmp_path) and (tmp_path / 'epoch_1.pth').exists()
 
 
-def _load_tool(name):
-    import importlib.util
-    path = ROOT / 'tools' / 'analysis' / f'{name}.py'
-    spec = importlib.util.spec_from_file_location(f'_tool_{name}', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize('size', ['64x', 'abc', '0', '64x0', '8x8x8'])
 def test_benchmark_refuses_a_malformed_size(size, capsys):
-    tool = _load_tool('benchmark')
+    tool = load_tool('benchmark')
     with pytest.raises(SystemExit):
         tool.parse_args(['--sizes', '224', size])
     assert (f"--sizes: {size!r} is not a size: expected S or HxW"
@@ -247,7 +233,7 @@ def test_benchmark_refuses_a_malformed_size(size, capsys):
 ])
 def test_visualize_clusters_refuses_a_stage_or_block_out_of_range(
         tiny_data, tmp_path, option, message):
-    tool = _load_tool('visualize_clusters')
+    tool = load_tool('visualize_clusters')
     image = sorted((tiny_data / 'imagenet' / 'val').glob('*.JPEG'))[0]
     with pytest.raises(SystemExit, match=message):
         tool.main([str(image), str(ROOT / 'configs/clustr/'
@@ -262,7 +248,7 @@ def test_visualize_clusters_refuses_a_backbone_without_clusters(
     config = tmp_path / 'resnet.py'
     config.write_text("_base_ = ['mmpretrain::resnet/resnet18_8xb32_in1k.py']"
                       "\n")
-    tool = _load_tool('visualize_clusters')
+    tool = load_tool('visualize_clusters')
     image = sorted((tiny_data / 'imagenet' / 'val').glob('*.JPEG'))[0]
     with pytest.raises(SystemExit, match='the backbone is a ResNet; clusters '
                        'can be shown for ClusTR and PaCaViT backbones only'):
@@ -274,7 +260,7 @@ def test_get_flops_refuses_a_config_without_a_model(tmp_path):
     config = tmp_path / 'schedule.py'
     config.write_text("default_scope = 'mmpretrain'\n"
                       "train_cfg = dict(max_epochs=1)\n")
-    tool = _load_tool('get_flops')
+    tool = load_tool('get_flops')
     with pytest.raises(ValueError, match=r'schedule.py: the config has no '
                        r'model = dict\(\.\.\.\)'):
         tool.get_flops(str(config))
