@@ -39,6 +39,33 @@ CASES = [((7, 9), None, 2, 3, 8), ((9, 9), None, 2, 1, 4),
          ((11, 10), 5, 2, 3, 6), ((10, 13), 5, 2, 1, 6),
          ((11, 13), 5, 2, 3, 16), ((10, 15), 5, 2, 3, 6),
          ((16, 20), 8, 4, 2, 20)]
+# Pass 1 alone, (tokens, windows, channels): one partial block, one whole
+# block, two to four blocks of 64 with a partial last one.
+PASS1_CASES = [(10, 2, 8), (64, 1, 4), (100, 3, 6), (150, 2, 5),
+               (230, 2, 16)]
+
+
+def pass1_matches_full_matrix(n, g, c):
+    """Pass 1's outputs against the same quantities of the whole distance
+    matrix, with padding and duplicate tokens: [knn, rowmax, first] equal."""
+    from clustr_mm.models.layers import dpc_knn_fused as fused
+    from clustr_mm.models.layers.dpc_knn import augment, first_duplicate
+    x = torch.randint(-1, 2, (g, n, c)).float()
+    invalid = torch.rand(g, n) < 0.2
+    invalid[0, -1] = invalid[-1, 0] = True
+    x[invalid] = 0
+    _, _, tie = augment(x, None, invalid)
+    sq = x.pow(2).sum(-1)
+    k = min(5, n)
+    knn, rowmax, first = fused._knn_pass(x, sq, (~invalid).to(torch.int8),
+                                         tie, k)
+    d = sq[:, :, None] + sq[:, None, :] - 2 * x @ x.transpose(1, 2)
+    d = d.masked_fill(invalid[:, :, None] | invalid[:, None, :],
+                      float('inf'))
+    d.diagonal(dim1=1, dim2=2).zero_()
+    return [torch.equal(knn, d.topk(k, -1, largest=False).values),
+            torch.equal(rowmax, d.nan_to_num(posinf=0.0).amax(-1)),
+            torch.equal(first.long(), first_duplicate(d, tie))]
 
 
 def interpreted_cases():
@@ -69,6 +96,8 @@ def interpreted_cases():
         out['ids'][f'{hw}-{ws}-b{b}'] = all(
             torch.equal(r, g) for r, g in zip(ref, got))
     out['kernel_calls'] = len(calls)
+    out['pass1'] = {f'n{n}-g{g}-c{c}': pass1_matches_full_matrix(n, g, c)
+                    for n, g, c in PASS1_CASES}
     for mode in ('exact', 'window'):
         torch.manual_seed(1)
         model = ClusTR('tiny', clustering_mode=mode, window_size=8,
@@ -103,6 +132,14 @@ def test_fused_ids_equal_reference(interpreted):
     assert interpreted['kernel_calls'] >= len(CASES)  # the kernels ran
     bad = [k for k, same in interpreted['ids'].items() if not same]
     assert not bad, bad
+
+
+@pytest.mark.slow
+@needs_triton
+def test_pass1_equals_full_distance_matrix(interpreted):
+    assert len(interpreted['pass1']) == len(PASS1_CASES)
+    bad = {k: v for k, v in interpreted['pass1'].items() if not all(v)}
+    assert not bad, bad  # [knn values, rowmax, first] equal
 
 
 @pytest.mark.slow
@@ -165,24 +202,28 @@ def test_kernels_compile_for_gpus(arch):
     from triton.compiler import ASTSource
 
     from clustr_mm.models.layers import dpc_knn_fused as f
-    tiles = dict(BLOCK_M=f.BLOCK_M, BLOCK_N=f.BLOCK_N, BLOCK_C=f.BLOCK_C)
-    ptrs = dict.fromkeys(('x_ptr', 'sq_ptr'), '*fp32')
+    tiles = dict(BLOCK=f.BLOCK, BLOCK_C=f.BLOCK_C)
     sizes = dict(n='i32', C='i32')
+    results = dict(knn_ptr='*fp32', rowmax_ptr='*fp32', first_ptr='*i32',
+                   part_ptr='*fp32', ptop_ptr='*fp32', pfirst_ptr='*i32')
+    k = dict(K=5, KP=8)
     kernels = {
         '_knn_kernel': (f._knn_kernel, dict(
-            ptrs, ok_ptr='*i8', tie_ptr='*fp32', knn_ptr='*fp32',
-            rowmax_ptr='*fp32', first_ptr='*i32', **sizes,
-            K='constexpr', KP='constexpr'), dict(K=5, KP=8)),
+            x_ptr='*fp32', sq_ptr='*fp32', ok_ptr='*i8', tie_ptr='*fp32',
+            **results, **sizes), k, tiles, f.KNN_WARPS),
+        '_merge_kernel': (f._merge_kernel, dict(results, n='i32'), k,
+                          dict(BLOCK=f.BLOCK), f.MERGE_WARPS),
         '_denser_kernel': (f._denser_kernel, dict(
             xo_ptr='*fp32', sqo_ptr='*fp32', oko_ptr='*i8', out_ptr='*fp32',
-            **sizes), {}),
+            **sizes), {}, tiles, f.DENSER_WARPS),
     }
     usage = {}
-    for name, (fn, sig, consts) in kernels.items():
-        sig.update(dict.fromkeys(tiles, 'constexpr'))
-        src = ASTSource(fn, sig, dict(consts, **tiles))
+    for name, (fn, sig, consts, blocks, warps) in kernels.items():
+        consts = dict(consts, **blocks)
+        sig.update(dict.fromkeys(consts, 'constexpr'))
+        src = ASTSource(fn, sig, consts)
         kernel = triton.compile(src, target=GPUTarget('cuda', arch, 32),
-                                options=dict(num_warps=f.NUM_WARPS))
+                                options=dict(num_warps=warps))
         assert kernel.asm['cubin'][:4] == b'\x7fELF'
         usage[name] = _ptxas_usage(kernel, arch)
     print(f'sm_{arch} (registers, spill stores, spill loads): {usage}')

@@ -1,9 +1,13 @@
 """DPC-kNN as one custom op, with Triton kernels that never write the
 distance block (the remedy FlashAttention made for attention).
 
-* Pass 1 (:func:`_knn_kernel`): per row block, distance tiles over all
-  columns, computed on chip; each row keeps its k smallest squared distances
-  (self included) and its largest distance to a real token.
+* Pass 1 (:func:`_knn_kernel`, :func:`_merge_kernel`): each row keeps its
+  k smallest squared distances (self included), its largest distance to a
+  real token and its first near-duplicate. Distances are symmetric, so row
+  block I computes only the tiles (I, J >= I) on chip and folds each into
+  its rows and, for J > I, into small partial results for the tile's columns
+  (k values per column), which a second kernel merges into row block J's:
+  about half the distance products of a full pass.
 * Pass 2 (:func:`_denser_kernel`): rows and columns in density order, so a
   row block scans only the columns before it (the denser tokens): the
   smallest squared distance to a denser token.
@@ -38,9 +42,12 @@ except ImportError:  # CPU-only builds of torch, or no triton
 
 HAS_CUSTOM_OP = hasattr(torch.library, 'custom_op')
 INTERPRET = os.environ.get('TRITON_INTERPRET') == '1'
-# Tiles: rows x columns of a distance tile, channels per product step.
-BLOCK_M, BLOCK_N, BLOCK_C = 64, 64, 16
-NUM_WARPS = 8
+# Tiles: BLOCK x BLOCK distances (square: pass 1 uses a tile for its rows
+# and its columns), BLOCK_C channels per product step.
+BLOCK, BLOCK_C = 64, 16
+# Warps per kernel: pass 1 needs 255 registers a thread at 8 warps (on the
+# edge of spilling), about 110 at 16 (ptxas, docs/benchmarks.md).
+KNN_WARPS, MERGE_WARPS, DENSER_WARPS = 16, 4, 8
 
 
 def fused_available() -> bool:
@@ -75,62 +82,155 @@ if triton is not None:
         return tl.where(rows[:, None] == cols[None, :], 0.0, d)
 
     @triton.jit
-    def _knn_kernel(x_ptr, sq_ptr, ok_ptr, tie_ptr, knn_ptr, rowmax_ptr,
-                    first_ptr, n, C, K: tl.constexpr, KP: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
-        """Pass 1: the K smallest squared distances of each row, ascending
-        (+inf past a window's tokens), its largest one to a real token (0 at
-        least) and its first column within the tie threshold. Grid:
-        (windows, row blocks)."""
-        g = tl.program_id(0)
-        rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-        base = g * n
-        tie = tl.load(tie_ptr + base + rows, mask=rows < n, other=0.0)
-        first = tl.full((BLOCK_M, ), n, tl.int32)
+    def _keep(best, v, slot):
+        """Put ``v`` (B,) in place of each row's largest value in ``best``
+        (B, KP) where it is smaller."""
+        worst, at = tl.max(best, axis=1, return_indices=True)
+        return tl.where((slot[None, :] == at[:, None]) & (v < worst)[:, None],
+                        v[:, None], best)
+
+    @triton.jit
+    def _fold(d, index, tie, best, top, first, n, K: tl.constexpr,
+              AXIS: tl.constexpr):
+        """Fold a square distance tile into results per token along
+        ``AXIS`` (1: the tile's rows, reducing over its columns; 0: its
+        columns): K smallest values kept in ``best``, largest finite value
+        ``top``, smallest index of the other side (``index``) within the
+        token's tie threshold ``tie``."""
+        lane = tl.arange(0, d.shape[0])
+        slot = tl.arange(0, best.shape[1])
+        near = d <= tl.expand_dims(tie, AXIS)
+        dup = tl.where(near, tl.expand_dims(index, 1 - AXIS), n)
+        first = tl.minimum(first, tl.min(dup, axis=AXIS))
+        finite = tl.where(d < float('inf'), d, 0.0)
+        top = tl.maximum(top, tl.max(finite, axis=AXIS))
+        for _ in tl.static_range(K):  # move the tile's K smallest into best
+            v, at = tl.min(d, axis=AXIS, return_indices=True)
+            taken = tl.expand_dims(lane, 1 - AXIS) == tl.expand_dims(at, AXIS)
+            d = tl.where(taken, float('inf'), d)
+            best = _keep(best, v, slot)
+        return best, top, first
+
+    @triton.jit
+    def _no_results(BLOCK: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+                    n):
+        """Empty results of :func:`_fold` for BLOCK tokens; slots past K
+        hold -inf, so they are never the largest kept value."""
         slot = tl.arange(0, KP)
-        # slots past K hold -inf, so they are never the largest kept value
         best = tl.where(slot[None, :] < K,
-                        tl.full((BLOCK_M, KP), float('inf'), tl.float32),
+                        tl.full((BLOCK, KP), float('inf'), tl.float32),
                         float('-inf'))
-        rowmax = tl.zeros((BLOCK_M, ), tl.float32)
-        lane = tl.arange(0, BLOCK_N)
-        for c0 in range(0, n, BLOCK_N):
-            d = _distance_tile(x_ptr, sq_ptr, ok_ptr, base, rows, c0 + lane,
-                               n, C, BLOCK_C)
-            dup = tl.where(d <= tie[:, None], c0 + lane[None, :], n)
-            first = tl.minimum(first, tl.min(dup, axis=1))
-            finite = tl.where(d < float('inf'), d, 0.0)
-            rowmax = tl.maximum(rowmax, tl.max(finite, axis=1))
-            # move the tile's K smallest into the kept ones
-            for _ in tl.static_range(K):
-                v, at = tl.min(d, axis=1, return_indices=True)
-                d = tl.where(lane[None, :] == at[:, None], float('inf'), d)
-                worst, where = tl.max(best, axis=1, return_indices=True)
-                best = tl.where((slot[None, :] == where[:, None]) &
-                                (v < worst)[:, None], v[:, None], best)
+        return (best, tl.zeros((BLOCK, ), tl.float32),
+                tl.full((BLOCK, ), n, tl.int32))
+
+    @triton.jit
+    def _store_results(knn_ptr, rowmax_ptr, first_ptr, base, rows, best,
+                       top, first, n, K: tl.constexpr):
+        """Write the K kept values of each row ascending (like topk), its
+        largest distance and first duplicate."""
         rmask = rows < n
+        slot = tl.arange(0, best.shape[1])
         best = tl.where(slot[None, :] < K, best, float('inf'))
-        for j in tl.static_range(K):  # written ascending, like topk
+        for j in tl.static_range(K):
             v, at = tl.min(best, axis=1, return_indices=True)
             tl.store(knn_ptr + (base + rows) * K + j, v, mask=rmask)
             best = tl.where(slot[None, :] == at[:, None], float('inf'), best)
-        tl.store(rowmax_ptr + base + rows, rowmax, mask=rmask)
+        tl.store(rowmax_ptr + base + rows, top, mask=rmask)
         tl.store(first_ptr + base + rows, first, mask=rmask)
 
     @triton.jit
+    def _knn_kernel(x_ptr, sq_ptr, ok_ptr, tie_ptr, knn_ptr, rowmax_ptr,
+                    first_ptr, part_ptr, ptop_ptr, pfirst_ptr, n, C,
+                    K: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr,
+                    BLOCK_C: tl.constexpr):
+        """Pass 1 over the tiles (I, J >= I) of row block I: for its rows,
+        the K smallest squared distances (ascending; +inf past a window's
+        tokens), the largest one to a real token (0 at least) and the first
+        column within the row's tie threshold; for the columns of each tile
+        J > I, the same over the tile's rows (the pairs row block J does
+        not compute), to partial results of tile number J (J - 1) / 2 + I,
+        which :func:`_merge_kernel` folds in. Each pair of different blocks
+        is computed once, and both its tokens see that value; it is bitwise
+        what the other orientation would give (an IEEE fp32 ``tl.dot``
+        lowers to one FMA chain per entry over the channels in order, and
+        a*b, sq_i + sq_j commute). Grid: (windows, row blocks)."""
+        g = tl.program_id(0).to(tl.int64)
+        blk = tl.program_id(1)
+        start = blk * BLOCK
+        lane = tl.arange(0, BLOCK)
+        rows = start + lane
+        base = g * n
+        tie = tl.load(tie_ptr + base + rows, mask=rows < n, other=0.0)
+        best, top, first = _no_results(BLOCK, K, KP, n)
+        d = _distance_tile(x_ptr, sq_ptr, ok_ptr, base, rows, rows, n, C,
+                           BLOCK_C)
+        best, top, first = _fold(d, rows, tie, best, top, first, n, K, 1)
+        tiles = tl.cdiv(n, BLOCK)
+        part = g * (tiles * (tiles - 1) // 2)
+        for c0 in range(start + BLOCK, n, BLOCK):
+            cols = c0 + lane
+            d = _distance_tile(x_ptr, sq_ptr, ok_ptr, base, rows, cols, n,
+                               C, BLOCK_C)
+            tie_c = tl.load(tie_ptr + base + cols, mask=cols < n, other=0.0)
+            cbest, ctop, cfirst = _no_results(BLOCK, K, KP, n)
+            cbest, ctop, cfirst = _fold(d, rows, tie_c, cbest, ctop, cfirst,
+                                        n, K, 0)
+            j = c0 // BLOCK
+            at = (part + j * (j - 1) // 2 + blk) * BLOCK + lane
+            slot = tl.arange(0, KP)
+            tl.store(part_ptr + at[:, None] * K + slot[None, :], cbest,
+                     mask=slot[None, :] < K)
+            tl.store(ptop_ptr + at, ctop)
+            tl.store(pfirst_ptr + at, cfirst)
+            best, top, first = _fold(d, cols, tie, best, top, first, n, K,
+                                     1)
+        _store_results(knn_ptr, rowmax_ptr, first_ptr, base, rows, best, top,
+                       first, n, K)
+
+    @triton.jit
+    def _merge_kernel(knn_ptr, rowmax_ptr, first_ptr, part_ptr, ptop_ptr,
+                      pfirst_ptr, n, K: tl.constexpr, KP: tl.constexpr,
+                      BLOCK: tl.constexpr):
+        """Pass 1, second step: row block J = 1, 2, ... folds the partial
+        results of the tiles (I < J, J) into its rows' results, in place.
+        Grid: (windows, row blocks - 1)."""
+        g = tl.program_id(0).to(tl.int64)
+        blk = tl.program_id(1) + 1
+        lane = tl.arange(0, BLOCK)
+        slot = tl.arange(0, KP)
+        rows = blk * BLOCK + lane
+        rmask = rows < n
+        base = g * n
+        best = tl.load(knn_ptr + (base + rows)[:, None] * K + slot[None, :],
+                       mask=rmask[:, None] & (slot[None, :] < K),
+                       other=float('inf'))
+        best = tl.where(slot[None, :] < K, best, float('-inf'))
+        top = tl.load(rowmax_ptr + base + rows, mask=rmask, other=0.0)
+        first = tl.load(first_ptr + base + rows, mask=rmask, other=0)
+        tiles = tl.cdiv(n, BLOCK)
+        part = g * (tiles * (tiles - 1) // 2) + blk * (blk - 1) // 2
+        for i in range(0, blk):
+            at = (part + i) * BLOCK + lane
+            for s in tl.static_range(K):
+                best = _keep(best, tl.load(part_ptr + at * K + s), slot)
+            top = tl.maximum(top, tl.load(ptop_ptr + at))
+            first = tl.minimum(first, tl.load(pfirst_ptr + at))
+        _store_results(knn_ptr, rowmax_ptr, first_ptr, base, rows, best, top,
+                       first, n, K)
+
+    @triton.jit
     def _denser_kernel(xo_ptr, sqo_ptr, oko_ptr, out_ptr, n, C,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_C: tl.constexpr):
+                       BLOCK: tl.constexpr, BLOCK_C: tl.constexpr):
         """Pass 2, on tokens in density order: each row's smallest squared
         distance to an earlier (denser) token; +inf for the first. Grid:
         (windows, row blocks)."""
         g = tl.program_id(0)
-        start = tl.program_id(1) * BLOCK_M
-        rows = start + tl.arange(0, BLOCK_M)
+        start = tl.program_id(1) * BLOCK
+        lane = tl.arange(0, BLOCK)
+        rows = start + lane
         base = g * n
-        lane = tl.arange(0, BLOCK_N)
-        nearest = tl.full((BLOCK_M, ), float('inf'), tl.float32)
-        for c0 in range(0, start + BLOCK_M, BLOCK_N):
+        nearest = tl.full((BLOCK, ), float('inf'), tl.float32)
+        for c0 in range(0, start + BLOCK, BLOCK):
             cols = c0 + lane
             d = _distance_tile(xo_ptr, sqo_ptr, oko_ptr, base, rows, cols, n,
                                C, BLOCK_C)
@@ -139,31 +239,49 @@ if triton is not None:
         tl.store(out_ptr + base + rows, nearest, mask=rows < n)
 
 
+def _knn_pass(x: torch.Tensor, sq: torch.Tensor, ok: torch.Tensor,
+              tie: torch.Tensor, k: int):
+    """Pass 1 on (G, n, C) tokens: (G, n, k) k smallest squared distances
+    ascending, (G, n) largest distance to a real token, (G, n) int32 first
+    column within the tie threshold."""
+    g, n, c = x.shape
+    tiles = triton.cdiv(n, BLOCK)
+    knn_d = x.new_empty(g, n, k)
+    rowmax = x.new_empty(g, n)
+    first = torch.empty(g, n, dtype=torch.int32, device=x.device)
+    pairs = g * (tiles * (tiles - 1) // 2)
+    part = x.new_empty(pairs, BLOCK, k)
+    ptop = x.new_empty(pairs, BLOCK)
+    pfirst = torch.empty(pairs, BLOCK, dtype=torch.int32, device=x.device)
+    kp = triton.next_power_of_2(k)
+    _knn_kernel[(g, tiles)](x, sq, ok, tie, knn_d, rowmax, first, part, ptop,
+                            pfirst, n, c, K=k, KP=kp, BLOCK=BLOCK,
+                            BLOCK_C=BLOCK_C, num_warps=KNN_WARPS)
+    if tiles > 1:
+        _merge_kernel[(g, tiles - 1)](knn_d, rowmax, first, part, ptop,
+                                      pfirst, n, K=k, KP=kp, BLOCK=BLOCK,
+                                      num_warps=MERGE_WARPS)
+    return knn_d, rowmax, first
+
+
 def _triton_passes(x: torch.Tensor, counts: Sequence[int], k: int,
                    consts) -> torch.Tensor:
     """The fused implementation: kernels for passes 1 and 2, torch between
     and for the nearest center."""
     g, n, c = x.shape
-    k_eff = min(k, n)
     x = x.contiguous()
     rows_aug, cols_aug, tie = augment(x, consts.ones, consts.invalid)
     sq = x.pow(2).sum(-1)
     ok = (torch.ones_like(sq, dtype=torch.int8) if consts.invalid is None
           else (~consts.invalid).to(torch.int8))
-    knn_d = x.new_empty(g, n, k_eff)
-    rowmax = x.new_empty(g, n)
-    first = torch.empty(g, n, dtype=torch.int32, device=x.device)
-    grid = (g, triton.cdiv(n, BLOCK_M))
-    _knn_kernel[grid](x, sq, ok, tie, knn_d, rowmax, first, n, c, K=k_eff,
-                      KP=triton.next_power_of_2(k_eff), BLOCK_M=BLOCK_M,
-                      BLOCK_N=BLOCK_N, BLOCK_C=BLOCK_C, num_warps=NUM_WARPS)
+    knn_d, rowmax, first = _knn_pass(x, sq, ok, tie, min(k, n))
     rho = density(knn_d, tie, c, consts, first.long())
     order = torch.sort(rho, dim=1, descending=True, stable=True).indices
     xo = x.gather(1, order[..., None].expand(-1, -1, c))
     by_order = x.new_empty(g, n)
-    _denser_kernel[grid](xo, sq.gather(1, order), ok.gather(1, order),
-                         by_order, n, c, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                         BLOCK_C=BLOCK_C, num_warps=NUM_WARPS)
+    _denser_kernel[(g, triton.cdiv(n, BLOCK))](
+        xo, sq.gather(1, order), ok.gather(1, order), by_order, n, c,
+        BLOCK=BLOCK, BLOCK_C=BLOCK_C, num_warps=DENSER_WARPS)
     delta2 = torch.empty_like(by_order).scatter_(1, order, by_order)
     centers = centers_by_score(rho, delta2, rowmax.amax(-1), tie, c,
                                max(counts), consts)
@@ -202,9 +320,13 @@ def _dpc_knn(x: torch.Tensor, invalid: Optional[torch.Tensor],
 
 def dpc_knn_flops(g: int, n: int, c: int, centers: int) -> int:
     """FLOPs of the op (2 per multiply-add, ``torch.utils.flop_counter``'s
-    convention): all distances in pass 1, the denser half in pass 2 (and the
-    diagonal), the distances to the centers."""
-    return 2 * g * (c * (n * n + n * (n + 1) // 2) + n * centers * (c + 2))
+    convention), as the kernels compute them: per row block starting at
+    token s, pass 1 pairs its rows with tokens s.. (each pair of different
+    blocks once), pass 2 with tokens ..s + BLOCK (the denser ones, whole
+    tiles); then the distances to the centers."""
+    pairs = sum(min(BLOCK, n - s) * (n - s + min(n, s + BLOCK))
+                for s in range(0, n, BLOCK))
+    return 2 * g * (c * pairs + n * centers * (c + 2))
 
 
 if HAS_CUSTOM_OP:
