@@ -25,35 +25,22 @@ are not on CUDA the op runs the blocked implementation, unless Triton's
 interpreter is on (``TRITON_INTERPRET=1`` before this module is imported),
 which runs the kernels on the CPU for tests.
 """
-import os
-from typing import List, NamedTuple, Optional, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 
 from .dpc_knn import augment, centers_by_score, density, gather_columns
 from .dpc_knn import nearest_center
 from .dpc_knn_blocked import dpc_knn_blocked
+from .fused_support import HAS_CUSTOM_OP, INTERPRET, tl, triton
+from .window_layout import WindowBatch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU-only builds of torch, or no triton
-    triton = None
-
-HAS_CUSTOM_OP = hasattr(torch.library, 'custom_op')
-INTERPRET = os.environ.get('TRITON_INTERPRET') == '1'
 # Tiles: BLOCK x BLOCK distances (square: pass 1 uses a tile for its rows
 # and its columns), BLOCK_C channels per product step.
 BLOCK, BLOCK_C = 64, 16
 # Warps per kernel: pass 1 needs 255 registers a thread at 8 warps (on the
 # edge of spilling), about 110 at 16 (ptxas, docs/benchmarks.md).
 KNN_WARPS, MERGE_WARPS, DENSER_WARPS = 16, 4, 8
-
-
-def fused_available() -> bool:
-    """Whether the fused op can run on a CUDA device here."""
-    return (triton is not None and HAS_CUSTOM_OP
-            and torch.cuda.is_available())
 
 
 if triton is not None:
@@ -290,29 +277,15 @@ def _triton_passes(x: torch.Tensor, counts: Sequence[int], k: int,
                           consts)
 
 
-class _Windows(NamedTuple):
-    """The window constants the implementations read (the fields of
-    ``window_layout.WindowBatch`` they use), from the op's arguments."""
-    invalid: Optional[torch.Tensor]
-    knn_scale: Optional[torch.Tensor]
-    ones: torch.Tensor
-    center_valid: Optional[torch.Tensor]
-    positions: torch.Tensor
-    inf: torch.Tensor
-
-
-def _windows(x, invalid, knn_scale, center_valid) -> _Windows:
-    g, n, _ = x.shape
-    return _Windows(invalid, knn_scale, x.new_ones(g, n, 1), center_valid,
-                    torch.arange(n, device=x.device),
-                    x.new_tensor(float('inf')))
-
-
 def _dpc_knn(x: torch.Tensor, invalid: Optional[torch.Tensor],
              knn_scale: Optional[torch.Tensor],
              center_valid: Optional[torch.Tensor], counts: List[int],
              k: int) -> torch.Tensor:
-    consts = _windows(x, invalid, knn_scale, center_valid)
+    g, n, _ = x.shape
+    # the window constants the implementations read (no id offsets here)
+    consts = WindowBatch(invalid, knn_scale, x.new_ones(g, n, 1),
+                         center_valid, torch.arange(n, device=x.device),
+                         None, x.new_tensor(float('inf')))
     if triton is not None and (x.is_cuda or INTERPRET):
         return _triton_passes(x, counts, k, consts)
     return dpc_knn_blocked(x, counts, k, consts, 1 << 28, False)

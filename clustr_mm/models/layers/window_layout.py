@@ -53,7 +53,7 @@ def plan_for(device: Optional[torch.device]) -> ClusteringPlan:
     if device is None or device.type == 'cpu':
         return CPU_PLAN
     if device.type == 'cuda':
-        from .dpc_knn_fused import fused_available
+        from .fused_support import fused_available
         if fused_available():
             return FUSED_PLAN
     return ACCELERATOR_PLAN
@@ -67,15 +67,15 @@ class WindowBatch(NamedTuple):
     than k tokens; ``ones`` (G, n, 1). ``center_valid`` (S, G, K) marks which
     of the K center slots are centers of each scale. ``positions`` is
     ``arange(n)``; ``offsets`` (S, 1, windows, 1) the id of each window's
-    first cluster; ``inf`` is a 0-dim +inf. Optional entries are None where
-    not needed.
+    first cluster (None inside the fused op, which does not offset ids);
+    ``inf`` is a 0-dim +inf. Optional entries are None where not needed.
     """
     invalid: Optional[torch.Tensor]
     knn_scale: Optional[torch.Tensor]
     ones: torch.Tensor
     center_valid: Optional[torch.Tensor]
     positions: torch.Tensor
-    offsets: torch.Tensor
+    offsets: Optional[torch.Tensor]
     inf: torch.Tensor
 
     def windows(self, sl: slice) -> 'WindowBatch':
