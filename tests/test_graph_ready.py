@@ -8,13 +8,16 @@ the project's: ClusTR-S at 224, batch 2, <= 1,200 ops and no sync; at
 """
 import pytest
 import torch
+from torch import nn
 from mmengine.analysis import get_model_complexity_info
 from mmengine.registry import MODELS
 
 import clustr_mm  # noqa: F401
 from clustr_mm.analysis.flops import analyze_flops
 from clustr_mm.analysis.op_census import op_census
+from clustr_mm.analysis.traffic import traffic_census
 from clustr_mm.models.backbones.clustr import ClusTR
+from clustr_mm.models.layers import SummaryAttention
 from clustr_mm.models.layers.token_clustering import use_plan
 from clustr_mm.models.layers.window_layout import (ACCELERATOR_PLAN, CPU_PLAN,
                                                    FUSED_PLAN)
@@ -55,6 +58,36 @@ def test_clustr_s_census_at_224(mode):
         full = _census(dict(type='ClusTR', arch='small',
                             clustering_mode=mode), (224, 224))
         assert full['by_op'] == narrow['by_op']
+
+
+@pytest.mark.skipif(
+    not hasattr(torch.library, 'custom_op'),
+    reason='counts the CUDA path, whose clustering is one op from torch 2.4')
+@pytest.mark.parametrize('mode', ['exact', 'window'])
+def test_bf16_autocast_casts_only_weights_image_and_fp32_island(mode):
+    """Under bf16 autocast a forward casts each weight and bias of the
+    layers autocast runs in bf16 once, the image once, and per clustering
+    attention its tokens to fp32 once (for the clustering, the merge and the
+    fp32 token weights, whose layer is therefore not cast) and the cluster
+    tokens of all scales back once."""
+    model = MODELS.build(dict(type='ClusTR', arch=NARROW_S,
+                              clustering_mode=mode)).eval()
+    use_plan(model, FUSED_PLAN)
+    x = torch.randn(1, 3, 64, 64)
+
+    def forward():
+        with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+            model(x)
+
+    casts = traffic_census(forward)['op_counts']['_to_copy']
+    attns = [m for m in model.modules()
+             if isinstance(m, SummaryAttention) and m.clustering is not None]
+    fp32 = {id(p) for a in attns for p in a.weight_layer.parameters()}
+    weights = [p for m in model.modules()
+               if isinstance(m, (nn.Linear, nn.Conv2d))
+               for p in m.parameters(recurse=False) if id(p) not in fp32]
+    assert len(attns) == 21  # ClusTR-S's stages 1-3
+    assert casts == len(weights) + 1 + 2 * len(attns), casts
 
 
 def test_clustr_s_census_grows_little_with_the_image():

@@ -26,7 +26,8 @@ class SummaryAttention(nn.Module):
     tokens; the scales' outputs are summed and projected (``proj``).
 
     Parameter names: ``q``, ``weight_layer`` (learned token weights
-    ``exp(weight_layer(x))`` for reducers that merge tokens), then per scale
+    ``exp(weight_layer(x))`` for reducers that merge tokens; in fp32 for a
+    reducer that computes in fp32, see ``TokenReducer.fp32``), then per scale
     either ``kv`` (``kv_layout='fused'``, one C->2C linear) or ``k`` and
     ``v`` (``'split'``), or only ``k`` with ``compact_qv``; ``proj``;
     ``cluster_norm`` (``summary_norm``, a LayerNorm on the summary tokens);
@@ -161,10 +162,18 @@ class SummaryAttention(nn.Module):
         """
         q = self.q(x)
         if self.clustering is not None:
-            w = (self.weight_layer(x).exp()
-                 if self.weight_layer is not None else None)
+            tokens, w = x, None
+            if self.clustering.fp32:
+                # One cast for the reducer and the token weights: no cast
+                # of them under autocast, and exp of an fp32 logit.
+                tokens = x.float()
+                if self.weight_layer is not None:
+                    with torch.autocast(x.device.type, enabled=False):
+                        w = self.weight_layer(tokens).exp()
+            elif self.weight_layer is not None:
+                w = self.weight_layer(x).exp()
             # keywords: hooks (e.g. the FLOP counter's) read x, hw by name
-            summaries, assignments = self.clustering(x, hw=hw, weights=w)
+            summaries, assignments = self.clustering(tokens, hw=hw, weights=w)
         elif self.shared:
             if assignment is None:
                 raise ValueError('this layer has no reducer of its own and '

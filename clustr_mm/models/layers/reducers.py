@@ -70,10 +70,14 @@ class TokenReducer(nn.Module):
         shareable (bool): Whether its assignment can be applied to other
             tokens (:func:`apply_assignment`), so later blocks of a stage may
             reuse it (PaCa's stage-wise clustering).
+        fp32 (bool): Whether it computes in fp32 whatever the autocast: the
+            attention then hands it the tokens cast to fp32 once and makes
+            the token weights from them in fp32 too.
     """
     num_scales = 1
     uses_token_weights = False
     shareable = False
+    fp32 = False
 
     def __init__(self):
         super().__init__()
@@ -197,6 +201,7 @@ class DPCKNN(TokenReducer, DPCKNNClustering):
             chosen from the device (see :class:`DPCKNNClustering`).
     """
     uses_token_weights = True
+    fp32 = True
 
     def __init__(self, sr_ratio: int, scale_factors: Sequence[int] = (1, 4),
                  k: int = 5, window_size: Optional[int] = None,

@@ -169,14 +169,36 @@ def _cluster_sums(ids: torch.Tensor, weighted: torch.Tensor,
 
 
 def _normalise(sums: torch.Tensor, sizes: Sequence[int], b: int,
-               c: int) -> List[torch.Tensor]:
-    """Rows [w-weighted sums, sum of w] -> means, split into (B, M, C)."""
+               c: int, dtype: Optional[torch.dtype] = None
+               ) -> List[torch.Tensor]:
+    """Rows [w-weighted sums, sum of w] -> means, split into (B, M, C);
+    cast to ``dtype`` (None: kept) once for all of them."""
     merged = sums[:, :c] / (sums[:, c:] + 1e-6)
+    if dtype is not None:
+        merged = merged.to(dtype)
     out, start = [], 0
     for size in sizes:
         out.append(merged[start:start + size].view(b, size // b, c))
         start += size
     return out
+
+
+def _summary_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype of the cluster tokens of ``x``: under autocast, fp32 tokens
+    give autocast's dtype (what their key/value projections compute in, so
+    the cast happens once for every scale, not once per projection);
+    otherwise ``x``'s."""
+    device = x.device.type
+    if x.dtype != torch.float32:
+        return x.dtype
+    if hasattr(torch, 'get_autocast_dtype'):  # torch >= 2.4
+        if torch.is_autocast_enabled(device):
+            return torch.get_autocast_dtype(device)
+    elif device == 'cpu' and torch.is_autocast_cpu_enabled():
+        return torch.get_autocast_cpu_dtype()
+    elif device == 'cuda' and torch.is_autocast_enabled():
+        return torch.get_autocast_gpu_dtype()
+    return x.dtype
 
 
 class DPCKNNClustering(nn.Module):
@@ -247,23 +269,28 @@ class DPCKNNClustering(nn.Module):
                 ) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
         """Per-scale cluster tokens (B, M_s, C) and ids (B, N) of the tokens.
 
-        x: (B, N, C) tokens of the ``hw`` grid, w: (B, N, 1) weights.
+        x: (B, N, C) tokens of the ``hw`` grid, w: (B, N, 1) weights. Both
+        are used in fp32 (cast once here if they are not). The cluster
+        tokens come in ``x``'s dtype, or under autocast, for fp32 ``x``, in
+        autocast's.
         """
         layout = self.layout(hw, x.device)
         b = x.shape[0]
         todo = layout.clustered
+        dtype = _summary_dtype(x)
         if not b:  # empty batch (a size, not data: no sync)
-            return ([x.new_zeros(0, m, x.shape[2]) for m in layout.totals],
+            return ([x.new_zeros(0, m, x.shape[2], dtype=dtype)
+                     for m in layout.totals],
                     _ids_per_scale(layout, 0, None))
+        xf, wf = x.float(), w.float()
         stacked = None
         if todo:
-            stacked = _assign_stacked(x.detach(), layout, self.k,
+            stacked = _assign_stacked(xf.detach(), layout, self.k,
                                       self.max_chunk_elems)
         ids = _ids_per_scale(layout, b, stacked)
         if self.record_assignments:
             self.assignments = ids
         with torch.autocast(x.device.type, enabled=False):
-            xf, wf = x.float(), w.float()
             c = x.shape[2]
             weighted = torch.cat([xf * wf, wf], -1)
             # Identity scales are singleton clusters: their sums are the
@@ -279,12 +306,12 @@ class DPCKNNClustering(nn.Module):
             if len(todo) < len(ids):
                 sums.append(weighted.reshape(-1, c + 1))
                 sizes.append(b * x.shape[1])
-            merged = _normalise(_cat(sums, 0), sizes, b, c)
+            merged = _normalise(_cat(sums, 0), sizes, b, c, dtype)
             alone = merged[-1] if len(todo) < len(ids) else None
             out = [alone] * len(ids)
             for s, m in zip(todo, merged):
                 out[s] = m
-        return [o.to(x.dtype) for o in out], ids
+        return out, ids
 
     def forward(self, x: torch.Tensor, w: torch.Tensor,
                 hw: Tuple[int, int]) -> List[torch.Tensor]:
