@@ -38,8 +38,9 @@ from .window_layout import WindowBatch
 # Tiles: BLOCK x BLOCK distances (square: pass 1 uses a tile for its rows
 # and its columns), BLOCK_C channels per product step.
 BLOCK, BLOCK_C = 64, 16
-# Warps per kernel: pass 1 needs 255 registers a thread at 8 warps (on the
-# edge of spilling), about 110 at 16 (ptxas, docs/benchmarks.md).
+# Warps per kernel: pass 1 keeps two folds of a tile live, and at fewer
+# than 16 warps it runs at or over the register limit (ptxas figures in
+# docs/benchmarks.md).
 KNN_WARPS, MERGE_WARPS, DENSER_WARPS = 16, 4, 8
 
 
