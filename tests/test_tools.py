@@ -91,17 +91,16 @@ def test_resume_continues_from_checkpoint(tiny_data, tmp_path):
 
 @pytest.mark.parametrize('family', ['fpn-clustr', 'mask-rcnn-clustr'])
 def test_dist_train_two_cpu_processes(family, tiny_data, tmp_path):
+    # one thread per process: two processes share the CI machine's two cores
     config, options, _ = FAMILIES[family]
     if family == 'mask-rcnn-clustr':  # 8 images / (2 procs x 2) = 2 iters
         options = options + ['train_cfg.val_interval=10']
     out = run_tool(['bash', 'tools/dist_train.sh', config, '2',
                     '--work-dir', str(tmp_path), '--cfg-options', *options],
-                   python=False, env={'PORT': '29533'}).stdout
+                   python=False, env={'PORT': '29533', **ONE_THREAD}).stdout
     assert 'launcher pytorch, world size 2' in out, out[-3000:]
     assert _last_checkpoint(tmp_path).endswith(
         ('iter_4.pth', 'epoch_1.pth'))
-
-
 
 
 def test_killed_run_resumes_to_the_uninterrupted_result(tiny_data, tmp_path):
