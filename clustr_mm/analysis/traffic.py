@@ -11,10 +11,13 @@ device, the CPU included. Per op:
 - FLOPs: ``torch.utils.flop_counter``'s formula for the op (2 per
   multiply-add), 0 where it has none (element-wise ops, reductions);
 - a time bound, ``max(bytes / BANDWIDTH, FLOPs / peak, LAUNCH_S)``, with the
-  dense peak for ops with bf16/fp16 inputs and the fp32 peak otherwise.
+  dense peak for ops with bf16/fp16 inputs, the 3xTF32 peak for the fused
+  clustering op in its 'tf32x3' precision, and the fp32 peak otherwise.
 
 The constants are an H100 SXM's, rounded: 3.0 TB/s, ~600 TFLOP/s dense
-bf16/fp16 (tensor cores), ~50 TFLOP/s fp32 on CUDA cores, 2.5 us per kernel.
+bf16/fp16 (tensor cores), ~50 TFLOP/s fp32 on CUDA cores, 2.5 us per kernel;
+3xTF32 is three dense TF32 products (~495 TFLOP/s) per fp32 product,
+~165 TFLOP/s.
 Ops that launch nothing (views, ``empty``) are left out.
 
 ``scale`` extrapolates a small batch to a large one: reads of weights (and
@@ -33,6 +36,7 @@ from .op_census import VIEW_OPS, _tensors
 BANDWIDTH = 3.0e12  # bytes/s
 DENSE_PEAK = 600e12  # FLOP/s, bf16/fp16 on tensor cores
 FP32_PEAK = 50e12  # FLOP/s, fp32 on CUDA cores
+TF32X3_PEAK = 495e12 / 3  # FLOP/s, fp32 products as 3 TF32 tensor-core ones
 LAUNCH_S = 2.5e-6  # s per kernel
 NO_KERNEL = VIEW_OPS | frozenset(('empty', 'empty_like', 'empty_strided',
                                   'new_empty', 'new_empty_strided'))
@@ -61,10 +65,20 @@ def _flops(func, args, kwargs, out) -> int:
     return int(formula(*args, **kwargs, out_val=out))
 
 
-def time_bound(nbytes: float, flops: float, half: bool) -> float:
+def time_bound(nbytes: float, flops: float, half: bool,
+               tf32x3: bool = False) -> float:
     """Roofline seconds of one kernel (see the module docstring)."""
-    peak = DENSE_PEAK if half else FP32_PEAK
+    peak = DENSE_PEAK if half else TF32X3_PEAK if tf32x3 else FP32_PEAK
     return max(nbytes / BANDWIDTH, flops / peak, LAUNCH_S)
+
+
+def _tf32x3(func, args, kwargs) -> bool:
+    """Whether ``func`` is the fused clustering op in 'tf32x3' precision
+    (its last argument)."""
+    if func.overloadpacket is not getattr(getattr(torch.ops, 'clustr_mm',
+                                                  None), 'dpc_knn', None):
+        return False
+    return kwargs.get('precision', args[-1]) == 'tf32x3'
 
 
 class TrafficCensus(TorchDispatchMode):
@@ -106,7 +120,8 @@ class TrafficCensus(TorchDispatchMode):
             read_fixed=fixed,
             read=sum(_nbytes(t) for t in ins) - fixed,
             written=sum(_nbytes(t) for t in outs),
-            flops=_flops(func, args, kwargs, out), half=half, static=static))
+            flops=_flops(func, args, kwargs, out), half=half,
+            tf32x3=_tf32x3(func, args, kwargs), static=static))
         return out
 
     def summary(self, scale: float = 1.0, top: int = 10) -> Dict[str, object]:
@@ -121,7 +136,7 @@ class TrafficCensus(TorchDispatchMode):
             f = 1.0 if r['static'] else scale
             read = r['read_fixed'] + r['read'] * f
             written, flops = r['written'] * f, r['flops'] * f
-            bound = time_bound(read + written, flops, r['half'])
+            bound = time_bound(read + written, flops, r['half'], r['tf32x3'])
             row = by_op[r['op']]
             row['count'] += 1
             row['bytes'] += read + written
@@ -156,4 +171,5 @@ def roofline_constants() -> str:
     """The constants, for help texts and reports."""
     return (f'{BANDWIDTH / 1e12:.1f} TB/s, {DENSE_PEAK / 1e12:.0f} TFLOP/s '
             f'bf16/fp16, {FP32_PEAK / 1e12:.0f} TFLOP/s fp32, '
+            f'{TF32X3_PEAK / 1e12:.0f} TFLOP/s fp32 as 3xTF32, '
             f'{LAUNCH_S * 1e6:.1f} us per kernel')

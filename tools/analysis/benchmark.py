@@ -64,7 +64,11 @@ is polluted by an earlier one. Peers come from the installed mmdet.
   ``pvtv2-b2`` when they ran. ``--scale-batch N`` reports batch N from a
   ``--batch`` run: ops on weights alone keep their traffic, all others are
   scaled by N / batch. ClusTR's fused clustering op counts as one op with
-  its real inputs, outputs and FLOPs.
+  its real inputs, outputs and FLOPs; with ``--precision tf32x3`` its FLOPs
+  run at ~165 TFLOP/s (3xTF32: three products at the ~495 TFLOP/s dense
+  TF32 peak per fp32 product).
+- ``--precision ieee|tf32x3``: the distance products of ClusTR's fused
+  clustering (the reducers' ``precision``; default ieee, exact fp32).
 - ``--census``: no timing; ``clustr_mm.analysis.op_census`` of one eval
   forward after a warm-up one: the ops (about the kernel launches on a GPU),
   the host syncs and the most frequent ops. ClusTR's clustering runs its
@@ -258,6 +262,14 @@ class BlockTimer:
             self.stack[-1][1] += spent
 
 
+def set_precision(model, precision):
+    """The fused clustering's distance products in every DPC-kNN reducer."""
+    from clustr_mm.models.layers.token_clustering import DPCKNNClustering
+    for m in model.modules():
+        if isinstance(m, DPCKNNClustering):
+            m.precision = precision
+
+
 def cuda_path(model):
     """Make ClusTR's clustering take its CUDA path on any device: the fused
     op (on a CPU it runs the blocked code inside, seen as the one op)."""
@@ -271,6 +283,7 @@ def measure(name, size, args):
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = build(name, args.with_cp).to(args.device)
+    set_precision(model, args.precision)
     x = torch.randn(args.batch, 3, *size, device=args.device)
     result = dict(model=name, size=f'{size[0]}x{size[1]}', batch=args.batch,
                   threads=args.threads, compile=args.compile,
@@ -381,7 +394,7 @@ def run_child(name, size, args):
            f'{size[0]}x{size[1]}', '--batch', str(args.batch), '--threads',
            str(args.threads), '--runs', str(args.runs), '--warmup',
            str(args.warmup), '--device', args.device, '--amp', args.amp,
-           '--compile', args.compile]
+           '--compile', args.compile, '--precision', args.precision]
     cmd += [f'--{f}' for f in ('train-step', 'with-cp', 'flops', 'breakdown',
                                 'census', 'traffic')
             if getattr(args, f.replace('-', '_'))]
@@ -415,7 +428,8 @@ def run_info(args, argv):
                                                          args.runs)
     return dict(device=args.device, device_name=device_name,
                 torch=torch.__version__, amp=args.amp,
-                compile=args.compile, warmup=calls[0],
+                compile=args.compile, precision=args.precision,
+                warmup=calls[0],
                 runs=calls[1], command=shlex.join(['python', *argv]))
 
 
@@ -566,7 +580,14 @@ def parse_args(argv):
                         'time bound per op of one eval forward (or forward + '
                         'backward with --train-step); the GPU code path, '
                         'H100 constants: 3.0 TB/s, 600 TFLOP/s bf16/fp16, '
-                        '50 TFLOP/s fp32, 2.5 us per kernel')
+                        '50 TFLOP/s fp32, 165 TFLOP/s for the fused '
+                        'clustering with --precision tf32x3 (495 TFLOP/s '
+                        'dense TF32 / 3 products), 2.5 us per kernel')
+    parser.add_argument('--precision', choices=('ieee', 'tf32x3'),
+                        default='ieee',
+                        help="the distance products of ClusTR's fused "
+                        "clustering: ieee (exact fp32, the default) or "
+                        "tf32x3 (opt in, 3xTF32 on tensor cores)")
     parser.add_argument('--scale-batch', type=int, metavar='N',
                         help='with --traffic: report batch N, scaling the '
                         'per-image traffic of the --batch run')

@@ -29,23 +29,47 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 
-def tie_tolerance(channels: int) -> float:
+PRECISIONS = ('ieee', 'tf32x3')
+
+
+def check_precision(precision: str) -> str:
+    """``precision`` if it is one of :data:`PRECISIONS`, else ValueError."""
+    if precision not in PRECISIONS:
+        raise ValueError(f'precision must be one of {PRECISIONS}, got '
+                         f'{precision!r}')
+    return precision
+
+
+def tie_tolerance(channels: int, precision: str = 'ieee') -> float:
     """Relative bound below which a squared distance counts as 0.
 
-    Recursive summation of the C + 2 products of the GEMM, and of the C
-    squares of ``|a|^2``, errs by at most (C + 2) u times the sum of the
-    magnitudes, which is at most 4 |a|^2 for two identical tokens a
+    'ieee': recursive summation of the C + 2 products of the GEMM, and of
+    the C squares of ``|a|^2``, errs by at most (C + 2) u times the sum of
+    the magnitudes, which is at most 4 |a|^2 for two identical tokens a
     (u = 2^-24); twice that for margin: 8 (C + 2) u.
+
+    'tf32x3' (the fused kernels' 3xTF32 products): a = hi + lo + e with hi,
+    lo tf32 (10 explicit bits, rounded: |lo| <= 2^-11 |a|, |e| <= 2^-22
+    |a|); hi*hi + hi*lo + lo*hi misses lo*lo and the e terms, at most
+    3 * 2^-22 = 12u of |a_i b_i| per product (exact in fp32), and the 3C
+    products summed in fp32 err by 3C u', u' = 2u allowing a truncating
+    tensor-core adder: a.b errs by (6C + 12) u |a|^2 for a = b. With |a|^2,
+    |b|^2 (IEEE, C u each) and the two final operations (4u): (14C + 28) u,
+    twice for margin: 28 (C + 2) u, 3.5 times the IEEE bound. (A
+    truncating split, |lo| <= 2^-10 |a|, makes the first term 48u: still
+    inside for C >= 4.)
     """
-    return 8 * (channels + 2) * 2.0**-24
+    scale = 28 if check_precision(precision) == 'tf32x3' else 8
+    return scale * (channels + 2) * 2.0**-24
 
 
 def augment(x: torch.Tensor, ones: Optional[torch.Tensor] = None,
-            padding: Optional[torch.Tensor] = None
+            padding: Optional[torch.Tensor] = None, precision: str = 'ieee'
             ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows [x, |x|^2, 1], columns [-2x, 1, |x|^2]^T (G, C + 2, M), so that
     ``bmm(rows, cols)`` gives every squared distance, and the tie threshold
-    (G, M) of each token (see :func:`tie_tolerance`).
+    (G, M) of each token (see :func:`tie_tolerance`; ``precision``: that of
+    the products the distances come from).
 
     ``ones``: a cached (G, M, 1) tensor of ones, if there is one.
     ``padding``: (G, M) bool; a padded position (x = 0) gets |x|^2 = +inf,
@@ -53,13 +77,37 @@ def augment(x: torch.Tensor, ones: Optional[torch.Tensor] = None,
     inf only ever meets the constant 1, never a 0, so no NaN).
     """
     sq = x.pow(2).sum(-1, keepdim=True)
-    tie = sq[..., 0] * tie_tolerance(x.shape[-1])
+    tie = sq[..., 0] * tie_tolerance(x.shape[-1], precision)
     if padding is not None:
         sq = sq.masked_fill(padding[..., None], float('inf'))
     if ones is None:
         ones = torch.ones_like(sq)
     return (torch.cat([x, sq, ones], -1),
             torch.cat([-2 * x, ones, sq], -1).transpose(1, 2), tie)
+
+
+def tf32_split(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """fp32 ``x`` -> (hi, lo), tf32 values (10 explicit mantissa bits,
+    rounded to nearest, ties away from zero like ``cvt.rna.tf32.f32``) with
+    hi + lo ~= x: the operand split of 3xTF32, for emulating it in torch."""
+    def tf32(v):
+        bits = v.contiguous().view(torch.int32)
+        # the magnitude is in the low 31 bits: adding half an ulp of tf32
+        # and clearing the 13 dropped bits rounds it (finite values)
+        return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+    hi = tf32(x)
+    return hi, tf32(x - hi)
+
+
+def tf32x3_bmm(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """``bmm(rows, cols)`` of :func:`augment`'s operands (C + 2 channels)
+    with the fused kernels' 'tf32x3' arithmetic, emulated: the C channel
+    products as hi*hi + hi*lo + lo*hi (each exact in fp32, summed in fp32),
+    the two norm channels in fp32, as the kernels add them."""
+    c = rows.shape[-1] - 2
+    (ah, al), (bh, bl) = tf32_split(rows[..., :c]), tf32_split(cols[:, :c])
+    dot = torch.bmm(al, bh) + torch.bmm(ah, bl) + torch.bmm(ah, bh)
+    return dot + torch.bmm(rows[..., c:], cols[:, c:])
 
 
 def snap_ties(d: torch.Tensor, tie: torch.Tensor) -> torch.Tensor:
@@ -138,7 +186,7 @@ def gather_columns(cols: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def dpc_knn_reference(x: torch.Tensor, counts: Sequence[int], k: int,
-                      consts) -> torch.Tensor:
+                      consts, emulate: str = 'ieee') -> torch.Tensor:
     """DPC-kNN of G windows in the paper's five steps, whole blocks.
 
     Args:
@@ -147,6 +195,11 @@ def dpc_knn_reference(x: torch.Tensor, counts: Sequence[int], k: int,
             the first ``counts[s]`` centers, so the scales are nested.
         k: Neighbours of the density (the token itself included).
         consts: The windows' :class:`~.window_layout.WindowBatch`.
+        emulate: 'tf32x3' computes step 1's distances with
+            :func:`tf32x3_bmm` and the tie threshold of that precision,
+            like the fused op in that mode (the precision check,
+            ``tools/analysis/precision_check.py``); the dispatch never sets
+            it, the reference is IEEE fp32.
 
     Returns:
         (S, G, n) index of every token's center among the window's centers
@@ -155,8 +208,8 @@ def dpc_knn_reference(x: torch.Tensor, counts: Sequence[int], k: int,
     g, n, c = x.shape
     inf = float('inf')
     # 1. Pairwise squared distances (padding: +inf; self: exactly 0).
-    rows, cols, tie = augment(x, consts.ones, consts.invalid)
-    d2 = torch.bmm(rows, cols)
+    rows, cols, tie = augment(x, consts.ones, consts.invalid, emulate)
+    d2 = (tf32x3_bmm if emulate == 'tf32x3' else torch.bmm)(rows, cols)
     d2.diagonal(dim1=1, dim2=2).zero_()
     # The window's largest distance (the densest token's delta).
     finite = d2 if consts.invalid is None else d2.nan_to_num(posinf=0.0)

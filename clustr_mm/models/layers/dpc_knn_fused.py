@@ -14,9 +14,12 @@ distance block (the remedy FlashAttention made for attention).
 * Pass 3, the nearest center, is small (n x K) and runs in torch, as do the
   steps between the passes (:mod:`~.dpc_knn`).
 
-Distances are fp32 with IEEE products (``input_precision='ieee'``: never
-TF32), ``|a|^2 + |b|^2 - 2 a.b`` like the other implementations, ties broken
-alike (:mod:`~.dpc_knn`). Padded positions are infinitely far and least
+Distances are fp32 with IEEE products by default (``input_precision='ieee'``:
+never TF32), ``|a|^2 + |b|^2 - 2 a.b`` like the other implementations, ties
+broken alike (:mod:`~.dpc_knn`). ``precision='tf32x3'`` (opt in) makes the
+kernels' products 3xTF32 on tensor cores (hi*hi + hi*lo + lo*hi, tf32
+halves of each fp32 operand) with the tie threshold of that precision
+(:func:`~.dpc_knn.tie_tolerance`); pass 3 stays IEEE fp32. Padded positions are infinitely far and least
 dense. The whole clustering of a window group is the op
 ``torch.ops.clustr_mm.dpc_knn`` (``torch.library.custom_op``, torch >= 2.4):
 ``torch.compile(fullgraph=True)``, CUDA graphs and the op census see one op;
@@ -29,7 +32,8 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from .dpc_knn import augment, centers_by_score, density, gather_columns
+from .dpc_knn import (augment, centers_by_score, check_precision, density,
+                      gather_columns)
 from .dpc_knn import nearest_center
 from .dpc_knn_blocked import dpc_knn_blocked
 from .fused_support import HAS_CUSTOM_OP, INTERPRET, tl, triton
@@ -48,10 +52,11 @@ if triton is not None:
 
     @triton.jit
     def _distance_tile(x_ptr, sq_ptr, ok_ptr, base, rows, cols, n, C,
-                       BLOCK_C: tl.constexpr):
+                       BLOCK_C: tl.constexpr, PRECISION: tl.constexpr):
         """(BM, BN) squared distances of tokens ``rows`` and ``cols``
         (positions in the window starting at ``base``): +inf where either
-        is padding or out of range, 0 on the diagonal."""
+        is padding or out of range, 0 on the diagonal; products in
+        ``PRECISION`` ('ieee' or 'tf32x3')."""
         rmask, cmask = rows < n, cols < n
         acc = tl.zeros((rows.shape[0], cols.shape[0]), tl.float32)
         for c0 in range(0, C, BLOCK_C):
@@ -60,7 +65,7 @@ if triton is not None:
                         mask=rmask[:, None] & (ch[None, :] < C), other=0.0)
             b = tl.load(x_ptr + (base + cols)[None, :] * C + ch[:, None],
                         mask=cmask[None, :] & (ch[:, None] < C), other=0.0)
-            acc = tl.dot(a, b, acc, input_precision='ieee')
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
         sq_r = tl.load(sq_ptr + base + rows, mask=rmask, other=0.0)
         sq_c = tl.load(sq_ptr + base + cols, mask=cmask, other=0.0)
         ok_r = tl.load(ok_ptr + base + rows, mask=rmask, other=0) != 0
@@ -130,7 +135,7 @@ if triton is not None:
     def _knn_kernel(x_ptr, sq_ptr, ok_ptr, tie_ptr, knn_ptr, rowmax_ptr,
                     first_ptr, part_ptr, ptop_ptr, pfirst_ptr, n, C,
                     K: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr,
-                    BLOCK_C: tl.constexpr):
+                    BLOCK_C: tl.constexpr, PRECISION: tl.constexpr):
         """Pass 1 over the tiles (I, J >= I) of row block I: for its rows,
         the K smallest squared distances (ascending; +inf past a window's
         tokens), the largest one to a real token (0 at least) and the first
@@ -141,7 +146,9 @@ if triton is not None:
         is computed once, and both its tokens see that value; it is bitwise
         what the other orientation would give (an IEEE fp32 ``tl.dot``
         lowers to one FMA chain per entry over the channels in order, and
-        a*b, sq_i + sq_j commute). Grid: (windows, row blocks)."""
+        a*b, sq_i + sq_j commute); with 'tf32x3' the two orientations
+        may differ by round-off within the tie threshold, and each pair is
+        still computed once. Grid: (windows, row blocks)."""
         g = tl.program_id(0).to(tl.int64)
         blk = tl.program_id(1)
         start = blk * BLOCK
@@ -151,14 +158,14 @@ if triton is not None:
         tie = tl.load(tie_ptr + base + rows, mask=rows < n, other=0.0)
         best, top, first = _no_results(BLOCK, K, KP, n)
         d = _distance_tile(x_ptr, sq_ptr, ok_ptr, base, rows, rows, n, C,
-                           BLOCK_C)
+                           BLOCK_C, PRECISION)
         best, top, first = _fold(d, rows, tie, best, top, first, n, K, 1)
         tiles = tl.cdiv(n, BLOCK)
         part = g * (tiles * (tiles - 1) // 2)
         for c0 in range(start + BLOCK, n, BLOCK):
             cols = c0 + lane
             d = _distance_tile(x_ptr, sq_ptr, ok_ptr, base, rows, cols, n,
-                               C, BLOCK_C)
+                               C, BLOCK_C, PRECISION)
             tie_c = tl.load(tie_ptr + base + cols, mask=cols < n, other=0.0)
             cbest, ctop, cfirst = _no_results(BLOCK, K, KP, n)
             cbest, ctop, cfirst = _fold(d, rows, tie_c, cbest, ctop, cfirst,
@@ -208,7 +215,8 @@ if triton is not None:
 
     @triton.jit
     def _denser_kernel(xo_ptr, sqo_ptr, oko_ptr, out_ptr, n, C,
-                       BLOCK: tl.constexpr, BLOCK_C: tl.constexpr):
+                       BLOCK: tl.constexpr, BLOCK_C: tl.constexpr,
+                       PRECISION: tl.constexpr):
         """Pass 2, on tokens in density order: each row's smallest squared
         distance to an earlier (denser) token; +inf for the first. Grid:
         (windows, row blocks)."""
@@ -221,14 +229,14 @@ if triton is not None:
         for c0 in range(0, start + BLOCK, BLOCK):
             cols = c0 + lane
             d = _distance_tile(xo_ptr, sqo_ptr, oko_ptr, base, rows, cols, n,
-                               C, BLOCK_C)
+                               C, BLOCK_C, PRECISION)
             d = tl.where(cols[None, :] < rows[:, None], d, float('inf'))
             nearest = tl.minimum(nearest, tl.min(d, axis=1))
         tl.store(out_ptr + base + rows, nearest, mask=rows < n)
 
 
 def _knn_pass(x: torch.Tensor, sq: torch.Tensor, ok: torch.Tensor,
-              tie: torch.Tensor, k: int):
+              tie: torch.Tensor, k: int, precision: str):
     """Pass 1 on (G, n, C) tokens: (G, n, k) k smallest squared distances
     ascending, (G, n) largest distance to a real token, (G, n) int32 first
     column within the tie threshold."""
@@ -244,7 +252,8 @@ def _knn_pass(x: torch.Tensor, sq: torch.Tensor, ok: torch.Tensor,
     kp = triton.next_power_of_2(k)
     _knn_kernel[(g, tiles)](x, sq, ok, tie, knn_d, rowmax, first, part, ptop,
                             pfirst, n, c, K=k, KP=kp, BLOCK=BLOCK,
-                            BLOCK_C=BLOCK_C, num_warps=KNN_WARPS)
+                            BLOCK_C=BLOCK_C, PRECISION=precision,
+                            num_warps=KNN_WARPS)
     if tiles > 1:
         _merge_kernel[(g, tiles - 1)](knn_d, rowmax, first, part, ptop,
                                       pfirst, n, K=k, KP=kp, BLOCK=BLOCK,
@@ -253,23 +262,25 @@ def _knn_pass(x: torch.Tensor, sq: torch.Tensor, ok: torch.Tensor,
 
 
 def _triton_passes(x: torch.Tensor, counts: Sequence[int], k: int,
-                   consts) -> torch.Tensor:
+                   consts, precision: str) -> torch.Tensor:
     """The fused implementation: kernels for passes 1 and 2, torch between
     and for the nearest center."""
     g, n, c = x.shape
     x = x.contiguous()
-    rows_aug, cols_aug, tie = augment(x, consts.ones, consts.invalid)
+    rows_aug, cols_aug, tie = augment(x, consts.ones, consts.invalid,
+                                      precision)
     sq = x.pow(2).sum(-1)
     ok = (torch.ones_like(sq, dtype=torch.int8) if consts.invalid is None
           else (~consts.invalid).to(torch.int8))
-    knn_d, rowmax, first = _knn_pass(x, sq, ok, tie, min(k, n))
+    knn_d, rowmax, first = _knn_pass(x, sq, ok, tie, min(k, n), precision)
     rho = density(knn_d, tie, c, consts, first.long())
     order = torch.sort(rho, dim=1, descending=True, stable=True).indices
     xo = x.gather(1, order[..., None].expand(-1, -1, c))
     by_order = x.new_empty(g, n)
     _denser_kernel[(g, triton.cdiv(n, BLOCK))](
         xo, sq.gather(1, order), ok.gather(1, order), by_order, n, c,
-        BLOCK=BLOCK, BLOCK_C=BLOCK_C, num_warps=DENSER_WARPS)
+        BLOCK=BLOCK, BLOCK_C=BLOCK_C, PRECISION=precision,
+        num_warps=DENSER_WARPS)
     delta2 = torch.empty_like(by_order).scatter_(1, order, by_order)
     centers = centers_by_score(rho, delta2, rowmax.amax(-1), tie, c,
                                max(counts), consts)
@@ -281,14 +292,15 @@ def _triton_passes(x: torch.Tensor, counts: Sequence[int], k: int,
 def _dpc_knn(x: torch.Tensor, invalid: Optional[torch.Tensor],
              knn_scale: Optional[torch.Tensor],
              center_valid: Optional[torch.Tensor], counts: List[int],
-             k: int) -> torch.Tensor:
+             k: int, precision: str) -> torch.Tensor:
     g, n, _ = x.shape
     # the window constants the implementations read (no id offsets here)
     consts = WindowBatch(invalid, knn_scale, x.new_ones(g, n, 1),
                          center_valid, torch.arange(n, device=x.device),
                          None, x.new_tensor(float('inf')))
     if triton is not None and (x.is_cuda or INTERPRET):
-        return _triton_passes(x, counts, k, consts)
+        return _triton_passes(x, counts, k, consts, precision)
+    # the blocked path is IEEE fp32 whatever the precision asked for
     return dpc_knn_blocked(x, counts, k, consts, 1 << 28, False)
 
 
@@ -308,7 +320,7 @@ if HAS_CUSTOM_OP:
                                   mutates_args=())(_dpc_knn)
 
     @_op.register_fake
-    def _(x, invalid, knn_scale, center_valid, counts, k):
+    def _(x, invalid, knn_scale, center_valid, counts, k, precision):
         return x.new_empty((len(counts), x.shape[0], x.shape[1]),
                            dtype=torch.long)
 
@@ -326,10 +338,14 @@ if HAS_CUSTOM_OP:
 
 
 def dpc_knn_fused(x: torch.Tensor, counts: Sequence[int], k: int,
-                  consts) -> torch.Tensor:
+                  consts, precision: str = 'ieee') -> torch.Tensor:
     """(S, G, n) ids of G windows (as
     :func:`~.dpc_knn.dpc_knn_reference`) by the fused op, or by the same
-    code called directly where torch has no ``custom_op``."""
+    code called directly where torch has no ``custom_op``. ``precision``:
+    the kernels' products, 'ieee' (exact fp32) or 'tf32x3' (see the module
+    docstring); where the kernels do not run (no CUDA tensor, no
+    interpreter) the blocked fp32 path runs and it has no effect."""
+    check_precision(precision)
     run = torch.ops.clustr_mm.dpc_knn if HAS_CUSTOM_OP else _dpc_knn
     return run(x, consts.invalid, consts.knn_scale, consts.center_valid,
-               list(counts), k)
+               list(counts), k, precision)

@@ -199,15 +199,20 @@ class DPCKNN(TokenReducer, DPCKNNClustering):
         max_chunk_elems (int, optional): Bound on one distance chunk.
         plan (ClusteringPlan, optional): Implementation and layout; None:
             chosen from the device (see :class:`DPCKNNClustering`).
+        precision (str): The fused kernels' distance products, 'ieee'
+            (default) or the opt-in 'tf32x3' (see
+            :class:`DPCKNNClustering`).
     """
     uses_token_weights = True
     fp32 = True
 
     def __init__(self, sr_ratio: int, scale_factors: Sequence[int] = (1, 4),
                  k: int = 5, window_size: Optional[int] = None,
-                 max_chunk_elems: Optional[int] = None, plan=None):
+                 max_chunk_elems: Optional[int] = None, plan=None,
+                 precision: str = 'ieee'):
         DPCKNNClustering.__init__(self, sr_ratio, scale_factors, k,
-                                  window_size, max_chunk_elems, plan)
+                                  window_size, max_chunk_elems, plan,
+                                  precision)
 
     @property
     def num_scales(self) -> int:

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .dpc_knn import dpc_knn_reference
+from .dpc_knn import check_precision, dpc_knn_reference
 from .dpc_knn_blocked import _cat, _k_smallest, dpc_knn_blocked  # noqa: F401
 from .graph_safety import is_tracing
 from .window_layout import (ClusteringPlan, WindowBatch, WindowLayout,
@@ -53,7 +53,7 @@ def _cluster_windows(x: torch.Tensor, counts: Sequence[int], k: int,
     """(S, G, n) ids of G windows by the plan's implementation."""
     if plan.kernel == 'fused':
         from .dpc_knn_fused import dpc_knn_fused
-        return dpc_knn_fused(x, counts, k, consts)
+        return dpc_knn_fused(x, counts, k, consts, plan.precision)
     if plan.kernel == 'reference':
         return dpc_knn_reference(x, counts, k, consts)
     return dpc_knn_blocked(x, counts, k, consts, budget, plan.blocked_knn)
@@ -229,12 +229,18 @@ class DPCKNNClustering(nn.Module):
             cluster; None chooses from the device and what is installed
             (:func:`~.window_layout.plan_for`). Also an attribute, e.g. for
             the op census to count the CUDA path on a CPU.
+        precision (str): The fused kernels' distance products: 'ieee'
+            (default, exact fp32) or 'tf32x3' (opt in: 3xTF32 on tensor
+            cores, a wider tie threshold; docs/backbones.md). Goes into the
+            plan; the reference and blocked implementations are IEEE fp32
+            and ignore it.
     """
 
     def __init__(self, sr_ratio: int, scale_factors: Sequence[int] = (1, 4),
                  k: int = 5, window_size: Optional[int] = None,
                  max_chunk_elems: Optional[int] = None,
-                 plan: Optional[ClusteringPlan] = None):
+                 plan: Optional[ClusteringPlan] = None,
+                 precision: str = 'ieee'):
         super().__init__()
         if window_size is not None and window_size < 1:
             raise ValueError(f'window_size must be >= 1, got {window_size}')
@@ -244,6 +250,7 @@ class DPCKNNClustering(nn.Module):
         self.window_size = window_size
         self.max_chunk_elems = max_chunk_elems
         self.plan = plan
+        self.precision = check_precision(precision)
         self.record_assignments = False
         self.assignments: Optional[List[torch.Tensor]] = None
         self._layout = None  # (key, WindowLayout) of the last grid seen
@@ -254,6 +261,7 @@ class DPCKNNClustering(nn.Module):
         (None: the device's), built once per size (rebuilt, not cached, while
         tracing or compiling)."""
         grid, plan = (int(hw[0]), int(hw[1])), self.plan or plan_for(device)
+        plan = plan._replace(precision=self.precision)
         if is_tracing():
             return WindowLayout(grid, self.window_size, self.sr_ratio,
                                 self.scale_factors, device, self.k, plan)
@@ -325,8 +333,9 @@ class DPCKNNClustering(nn.Module):
     def extra_repr(self) -> str:
         mode = ('exact' if self.window_size is None else
                 f'window {self.window_size}')
+        extra = '' if self.precision == 'ieee' else f', {self.precision}'
         return (f'sr_ratio={self.sr_ratio}, scales={self.scale_factors}, '
-                f'k={self.k}, {mode}')
+                f'k={self.k}, {mode}{extra}')
 
 
 def use_plan(model: nn.Module, plan: Optional[ClusteringPlan]) -> None:

@@ -23,12 +23,15 @@ class ClusteringPlan(NamedTuple):
     call (less work); ``blocked_knn`` finds the k nearest among the blocks
     of 64 columns with the smallest minima (fewer comparisons, more ops);
     ``kernel`` is the implementation (``token_clustering``): 'blocked',
-    'reference' or 'fused'.
+    'reference' or 'fused'. ``precision`` is the fused kernels' distance
+    products, 'ieee' or the opt-in 'tf32x3' (the reducer's ``precision``
+    sets it); the other implementations are IEEE fp32 whatever it says.
     """
     max_chunk_elems: int
     pad_windows: bool
     blocked_knn: bool
     kernel: str = 'blocked'
+    precision: str = 'ieee'
 
 
 # GPUs without Triton: launches and host round trips are what cost, so one
