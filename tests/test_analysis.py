@@ -602,12 +602,14 @@ def test_traffic_census_counts_bytes_flops_and_bound():
     assert traffic.time_bound(3e12, 0, False) == pytest.approx(1.0)
     assert traffic.time_bound(0, 600e12, True) == pytest.approx(1.0)
     assert traffic.time_bound(0, 50e12, False) == pytest.approx(1.0)
+    assert traffic.time_bound(0, 165e12, False, True) == pytest.approx(1.0)
 
 
 def test_traffic_census_sees_the_fused_clustering_as_one_op():
     if not hasattr(torch.library, 'custom_op'):
         pytest.skip('torch.library.custom_op is torch >= 2.4')
-    from clustr_mm.analysis.traffic import traffic_census
+    from clustr_mm.analysis.traffic import (TrafficCensus, time_bound,
+                                            traffic_census)
     from clustr_mm.models.layers.dpc_knn_fused import dpc_knn_flops
     from clustr_mm.models.layers.token_clustering import dpc_knn_assign
     from clustr_mm.models.layers.window_layout import (FUSED_PLAN,
@@ -620,6 +622,18 @@ def test_traffic_census_sees_the_fused_clustering_as_one_op():
     # reads the (2, 144, 8) fp32 tokens, writes (1, 2, 144) long ids
     assert op['bytes'] == 4 * 2 * 144 * 8 + 8 * 2 * 144
     assert op['flops'] == dpc_knn_flops(2, 144, 8, 36)
+    # in 'tf32x3' precision the same op, its FLOPs at the 3xTF32 peak
+    census = TrafficCensus()
+    fast = WindowLayout((12, 12), None, 2,
+                        plan=FUSED_PLAN._replace(precision='tf32x3'))
+    with census:
+        dpc_knn_assign(x, fast)
+        dpc_knn_assign(x, layout)
+    tf32x3, ieee = [r['tf32x3'] for r in census.records
+                    if r['op'] == 'clustr_mm::dpc_knn']
+    assert tf32x3 and not ieee
+    assert time_bound(0, op['flops'] * 1e6, False, True) == pytest.approx(
+        time_bound(0, op['flops'] * 1e6, False) * 50 / 165)
 
 
 @pytest.mark.slow
@@ -627,8 +641,9 @@ def test_benchmark_traffic(tmp_path):
     out = tmp_path / 'traffic.json'
     proc = run_tool([BENCHMARK, '--traffic', '--amp', 'bf16', '--models',
                      'clustr-t-window', 'swin-t', '--sizes', '64', '--batch',
-                     '2', '--scale-batch', '8', '--threads', '1', '--out',
-                     str(out)], timeout=300)
+                     '2', '--scale-batch', '8', '--threads', '1',
+                     '--precision', 'tf32x3', '--out', str(out)],
+                    timeout=300)
     lines = proc.stdout.splitlines()
     assert lines[2].split()[:6] == ['model', 'size', 'ops', 'GB', 'GFLOP',
                                     'bound']
@@ -638,6 +653,7 @@ def test_benchmark_traffic(tmp_path):
     for r in rows:
         assert 'error' not in r, r
         assert r['scale_batch'] == 8 and len(r['top_ops']) == 10
+        assert r['precision'] == 'tf32x3'
         assert r['bytes'] == pytest.approx(r['bytes_read'] +
                                            r['bytes_written'])
         assert r['time_bound_s'] >= r['ops'] * 2.5e-6 * (1 - 1e-9)

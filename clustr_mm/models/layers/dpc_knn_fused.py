@@ -19,9 +19,10 @@ never TF32), ``|a|^2 + |b|^2 - 2 a.b`` like the other implementations, ties
 broken alike (:mod:`~.dpc_knn`). ``precision='tf32x3'`` (opt in) makes the
 kernels' products 3xTF32 on tensor cores (hi*hi + hi*lo + lo*hi, tf32
 halves of each fp32 operand) with the tie threshold of that precision
-(:func:`~.dpc_knn.tie_tolerance`); pass 3 stays IEEE fp32. Padded positions are infinitely far and least
-dense. The whole clustering of a window group is the op
-``torch.ops.clustr_mm.dpc_knn`` (``torch.library.custom_op``, torch >= 2.4):
+(:func:`~.dpc_knn.tie_tolerance`); pass 3 stays IEEE fp32. Padded
+positions are infinitely far and least dense. The whole clustering of a
+window group is the op ``torch.ops.clustr_mm.dpc_knn``
+(``torch.library.custom_op``, torch >= 2.4):
 ``torch.compile(fullgraph=True)``, CUDA graphs and the op census see one op;
 it has a fake implementation for shapes and a FLOP formula. On tensors that
 are not on CUDA the op runs the blocked implementation, unless Triton's

@@ -1,0 +1,132 @@
+"""How much the fused clustering's opt-in 'tf32x3' precision changes ClusTR's
+cluster ids, measured on the CPU by emulation:
+
+    python tools/analysis/precision_check.py [--arch small] [--mode exact] \
+        [--size 224] [--images 4] [--data data/imagenet] [--out r.json]
+
+ClusTR (random weights, seed 0) runs a few images (the first ``--images``
+JPEGs under ``--data``, resized to the input size and normalised like
+ImageNet; random inputs if there are none) with the reference clustering.
+Every clustering call of every block also runs
+
+- with 3xTF32 distances emulated in torch (``dpc_knn_reference(...,
+  emulate='tf32x3')``: tf32 hi/lo halves, round to nearest, the three
+  products in fp32, the 'tf32x3' tie threshold), as the fused kernels
+  compute them on a GPU in that precision;
+- with the channels in reverse order: the same IEEE fp32 algorithm summing
+  in another order, the round-off floor of fp32 itself.
+
+Both are compared with the IEEE ids of the same call (same input tokens:
+the model runs on the IEEE ids) and reported per stage as the % of token
+ids that differ, over all clustered scales.
+"""
+import argparse
+import json
+import os.path as osp
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+
+MEAN, STD = (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)
+
+
+def load_images(folder, count, size):
+    """(B, 3, size, size) normalised images, or random ones (and a note)
+    if ``folder`` holds no JPEGs."""
+    files = sorted(Path(folder).rglob('*.JPEG'))[:count] if folder else []
+    if not files:
+        return torch.randn(count, 3, size, size), 'random inputs'
+    import numpy as np
+    from PIL import Image
+    images = []
+    for f in files:
+        img = Image.open(f).convert('RGB').resize((size, size),
+                                                  Image.BILINEAR)
+        t = torch.from_numpy(np.asarray(img, dtype=np.float32).copy())
+        images.append((t - torch.tensor(MEAN)) / torch.tensor(STD))
+    return (torch.stack(images).permute(0, 3, 1, 2).contiguous(),
+            f'{len(files)} images from {folder}')
+
+
+def precision_check(arch='small', mode='exact', size=224, images=4,
+                    data=None):
+    """Per stage: tokens clustered, % ids changed by emulated 3xTF32 and by
+    reordered fp32 summation (against IEEE fp32)."""
+    from clustr_mm.models.backbones.clustr import ClusTR
+    from clustr_mm.models.layers import token_clustering as tc
+    from clustr_mm.models.layers.dpc_knn import dpc_knn_reference
+    from clustr_mm.models.layers.window_layout import TRACE_PLAN
+    torch.manual_seed(0)
+    model = ClusTR(arch, clustering_mode=mode).eval()
+    tc.use_plan(model, TRACE_PLAN)  # the reference implementation
+    x, source = load_images(data, images, size)
+    stats = defaultdict(lambda: dict(ids=0, tf32x3=0, reordered=0, calls=0))
+    stage = [None]
+    for name, m in model.named_modules():
+        if isinstance(m, tc.DPCKNNClustering):
+            def enter(_, __, s=int(name.split('.')[1])):
+                stage[0] = s
+            m.register_forward_pre_hook(enter)
+    reference = tc.dpc_knn_reference
+
+    def compared(x, counts, k, consts):
+        ids = reference(x, counts, k, consts)
+        row = stats[stage[0]]
+        row['calls'] += 1
+        row['ids'] += ids.numel()
+        other = dpc_knn_reference(x, counts, k, consts, emulate='tf32x3')
+        row['tf32x3'] += int((other != ids).sum())
+        other = reference(x.flip(-1), counts, k, consts)
+        row['reordered'] += int((other != ids).sum())
+        return ids
+
+    tc.dpc_knn_reference = compared
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        tc.dpc_knn_reference = reference
+    rows = [dict(stage=s + 1, calls=r['calls'], ids=r['ids'],
+                 tf32x3_pct=100 * r['tf32x3'] / r['ids'],
+                 fp32_reordered_pct=100 * r['reordered'] / r['ids'])
+            for s, r in sorted(stats.items())]
+    return dict(arch=arch, mode=mode, size=size, inputs=source,
+                torch=torch.__version__, stages=rows)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--arch', default='small',
+                        choices=('tiny', 'small', 'base'))
+    parser.add_argument('--mode', default='exact',
+                        choices=('exact', 'window'))
+    parser.add_argument('--size', type=int, default=224)
+    parser.add_argument('--images', type=int, default=4)
+    parser.add_argument('--data', default='data/imagenet',
+                        help='a folder searched for *.JPEG (random inputs '
+                        'if it has none)')
+    parser.add_argument('--out', help='write the results as JSON here')
+    args = parser.parse_args(argv)
+    if args.size < 32 or args.images < 1:
+        parser.error(f'--size must be >= 32 and --images >= 1, got '
+                     f'{args.size} and {args.images}')
+    result = precision_check(args.arch, args.mode, args.size, args.images,
+                             args.data)
+    print(f"ClusTR-{args.arch} {args.mode} {args.size}, {result['inputs']}, "
+          f"torch {result['torch']}")
+    print('stage  calls      ids  tf32x3 %  fp32 reordered %')
+    for r in result['stages']:
+        print(f"{r['stage']:5d} {r['calls']:6d} {r['ids']:8d} "
+              f"{r['tf32x3_pct']:9.3f} {r['fp32_reordered_pct']:17.3f}")
+    if args.out:
+        with open(args.out, 'w') as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == '__main__':
+    main()
