@@ -666,3 +666,25 @@ def test_benchmark_traffic(tmp_path):
                for ln in lines)
     bad = run_tool([BENCHMARK, '--scale-batch', '8'], check=False)
     assert bad.returncode != 0 and '--scale-batch' in bad.stdout
+
+
+@pytest.mark.slow
+def test_precision_check_tool(tmp_path):
+    """The 3xTF32 id check runs ClusTR and reports every clustered stage;
+    small random inputs, so the figures themselves are not asserted beyond
+    being percentages of the ids compared."""
+    out = tmp_path / 'precision.json'
+    proc = run_tool(['tools/analysis/precision_check.py', '--arch', 'tiny',
+                     '--size', '64', '--images', '1', '--data',
+                     str(tmp_path), '--out', str(out)], timeout=300)
+    assert 'random inputs' in proc.stdout
+    result = json.loads(out.read_text())
+    rows = result['stages']
+    assert [r['stage'] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert r['calls'] >= 1 and r['ids'] > 0
+        assert 0 <= r['tf32x3_pct'] <= 100
+        assert 0 <= r['fp32_reordered_pct'] <= 100
+    bad = run_tool(['tools/analysis/precision_check.py', '--images', '0'],
+                   check=False)
+    assert bad.returncode != 0 and '--images' in bad.stdout
