@@ -31,7 +31,9 @@ import torch
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
-MEAN, STD = (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)
+# the cluster drawing tool's loader (same folder: on sys.path when run)
+from visualize_clusters import (  # noqa: E402
+    IMAGENET_MEAN, IMAGENET_STD, load_image)
 
 
 def load_images(folder, count, size):
@@ -40,16 +42,9 @@ def load_images(folder, count, size):
     files = sorted(Path(folder).rglob('*.JPEG'))[:count] if folder else []
     if not files:
         return torch.randn(count, 3, size, size), 'random inputs'
-    import numpy as np
-    from PIL import Image
-    images = []
-    for f in files:
-        img = Image.open(f).convert('RGB').resize((size, size),
-                                                  Image.BILINEAR)
-        t = torch.from_numpy(np.asarray(img, dtype=np.float32).copy())
-        images.append((t - torch.tensor(MEAN)) / torch.tensor(STD))
-    return (torch.stack(images).permute(0, 3, 1, 2).contiguous(),
-            f'{len(files)} images from {folder}')
+    images = [load_image(str(f), (size, size), IMAGENET_MEAN, IMAGENET_STD)[1]
+              for f in files]
+    return torch.cat(images), f'{len(files)} images from {folder}'
 
 
 def precision_check(arch='small', mode='exact', size=224, images=4,
