@@ -266,6 +266,12 @@ def test_unknown_precision_is_refused():
     with pytest.raises(ValueError, match=r"precision must be one of "
                        r"\('ieee', 'tf32x3'\), got 'tf32'"):
         DPCKNN(2, precision='tf32')
+    from clustr_mm.models.layers.window_layout import FUSED_PLAN
+    with pytest.raises(ValueError, match=r"plan.precision 'tf32x3' and "
+                       r"precision 'ieee' disagree"):
+        DPCKNN(2, plan=FUSED_PLAN._replace(precision='tf32x3'))
+    assert DPCKNN(2, plan=FUSED_PLAN._replace(precision='tf32x3'),
+                  precision='tf32x3').precision == 'tf32x3'
     with pytest.raises(ValueError, match='precision'):
         tie_tolerance(8, 'bf16')
     assert tie_tolerance(8, 'tf32x3') == 3.5 * tie_tolerance(8)

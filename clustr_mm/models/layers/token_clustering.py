@@ -232,8 +232,8 @@ class DPCKNNClustering(nn.Module):
         precision (str): The fused kernels' distance products: 'ieee'
             (default, exact fp32) or 'tf32x3' (opt in: 3xTF32 on tensor
             cores, a wider tie threshold; docs/backbones.md). Goes into the
-            plan; the reference and blocked implementations are IEEE fp32
-            and ignore it.
+            plan (a ``plan`` given here must agree with it); the reference
+            and blocked implementations are IEEE fp32 and ignore it.
     """
 
     def __init__(self, sr_ratio: int, scale_factors: Sequence[int] = (1, 4),
@@ -251,6 +251,13 @@ class DPCKNNClustering(nn.Module):
         self.max_chunk_elems = max_chunk_elems
         self.plan = plan
         self.precision = check_precision(precision)
+        if plan is not None and plan.precision != self.precision:
+            # the reducer's precision goes into whatever plan runs: a
+            # different one in the plan would be silently replaced
+            raise ValueError(
+                f'plan.precision {plan.precision!r} and precision '
+                f'{precision!r} disagree: set the precision with the '
+                'precision argument')
         self.record_assignments = False
         self.assignments: Optional[List[torch.Tensor]] = None
         self._layout = None  # (key, WindowLayout) of the last grid seen
