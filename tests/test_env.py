@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_tool
 
 pytestmark = pytest.mark.torch21
 
@@ -197,3 +198,54 @@ def test_version_without_pip_metadata_comes_from_the_module(monkeypatch):
     monkeypatch.setattr(md, 'version', no_metadata)
     assert env_check.installed_version('torch') == torch.__version__
     assert env_check.installed_version('no_such_package_xyz') is None
+
+
+@pytest.mark.slow
+def test_setup_env_mmcv_flavour_and_cache_key(tmp_path):
+    """``tools/setup_env.sh --mmcv-plan``: CUDA ops where nvcc and a GPU
+    are found or where CLUSTR_MM_MMCV_CUDA=1 asks (a build node without a
+    GPU), CPU ops otherwise or with =0; CUDA wheels cached apart from CPU
+    ones, by nvcc release and arch list. Fake nvcc / nvidia-smi on PATH."""
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir()
+    (bin_dir / 'nvcc').write_text(
+        '#!/bin/sh\necho "Cuda compilation tools, release 13.0, V13.0.88"\n')
+    (bin_dir / 'nvcc').chmod(0o755)
+    base_path = '/usr/bin:/bin'
+
+    def plan(path, **env):
+        proc = run_tool(['bash', 'tools/setup_env.sh', '--mmcv-plan'],
+                        python=False, check=False,
+                        env=dict(dict(CLUSTR_MM_MMCV_CUDA='',
+                                      TORCH_CUDA_ARCH_LIST=''),
+                                 PATH=path, CLUSTR_MM_CACHE='/c',
+                                 CLUSTR_MM_STACK='default',
+                                 CLUSTR_MM_PYTHON=sys.executable, **env))
+        if proc.returncode:
+            return proc.stdout
+        return dict(line.split('=', 1) for line in proc.stdout.splitlines())
+
+    with_nvcc = f'{bin_dir}:{base_path}'
+    tag = f'cp{sys.version_info[0]}{sys.version_info[1]}'
+    cpu = plan(with_nvcc)  # nvcc but no GPU
+    assert cpu['flavour'] == 'cpu' and cpu['build_env'] == 'MMCV_WITH_OPS=1'
+    assert cpu['wheel_dir'] == f'/c/mmcv-2.1.0-torch2.14.1-{tag}-cpu'
+    cuda = plan(with_nvcc, CLUSTR_MM_MMCV_CUDA='1')
+    assert cuda['flavour'] == 'cuda'
+    assert cuda['build_env'] == ('MMCV_WITH_OPS=1 FORCE_CUDA=1 '
+                                 'TORCH_CUDA_ARCH_LIST=8.0;9.0')
+    assert cuda['wheel_dir'] == (f'/c/mmcv-2.1.0-torch2.14.1-{tag}-'
+                                 'cuda13.0-sm80_90')
+    archs = plan(with_nvcc, CLUSTR_MM_MMCV_CUDA='1',
+                 TORCH_CUDA_ARCH_LIST='8.6')
+    assert archs['wheel_dir'].endswith('-cuda13.0-sm86')
+    # a GPU found: CUDA by default, CPU when asked
+    (bin_dir / 'nvidia-smi').write_text('#!/bin/sh\necho "GPU 0: H100"\n')
+    (bin_dir / 'nvidia-smi').chmod(0o755)
+    assert plan(with_nvcc)['flavour'] == 'cuda'
+    assert plan(with_nvcc, CLUSTR_MM_MMCV_CUDA='0')['flavour'] == 'cpu'
+    # CUDA asked for without nvcc, or a wrong value: refused, clearly
+    assert 'CLUSTR_MM_MMCV_CUDA=1 needs nvcc on PATH' in plan(
+        base_path, CLUSTR_MM_MMCV_CUDA='1')
+    assert "CLUSTR_MM_MMCV_CUDA must be 1, 0 or auto, got 'yes'" in plan(
+        with_nvcc, CLUSTR_MM_MMCV_CUDA='yes')

@@ -14,6 +14,14 @@
 # The mmcv 2.1.0 wheel (12-18 min to compile on 2 cores) is cached outside the
 # repo in ${CLUSTR_MM_CACHE:-~/.cache/clustr_mm}, keyed by mmcv, torch, python
 # and device flavour, so the build happens once per machine and stack.
+#
+# mmcv's ops flavour: CUDA ops where nvcc and a GPU are present, CPU ops
+# otherwise. CLUSTR_MM_MMCV_CUDA=1 asks for the CUDA ops on a build node
+# without a GPU (nvcc needed), =0 for the CPU ops anywhere. CUDA ops are
+# built for TORCH_CUDA_ARCH_LIST (default "8.0;9.0": A100, H100) and cached
+# apart from CPU wheels (the key names the nvcc release and the archs).
+#   bash tools/setup_env.sh --mmcv-plan   # print the flavour, build
+#                                         # variables and cache dir; no changes
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,6 +39,38 @@ PY_BASE="${CLUSTR_MM_PYTHON:-python3.11}"
 MMCV_VERSION=2.1.0
 XTCOCO_VERSION=1.14.3
 STAMP="$VENV/.clustr_mm_env"
+
+# The mmcv build this machine gets: FLAVOUR, MMCV_BUILD_ENV, WHEEL_KEY.
+mmcv_plan() {
+  case "${CLUSTR_MM_MMCV_CUDA:-auto}" in
+    1) FLAVOUR=cuda
+       command -v nvcc >/dev/null || {
+         echo "[setup_env] CLUSTR_MM_MMCV_CUDA=1 needs nvcc on PATH" >&2; return 1; } ;;
+    0) FLAVOUR=cpu ;;
+    auto) FLAVOUR=cpu
+          if command -v nvcc >/dev/null && nvidia-smi -L >/dev/null 2>&1; then FLAVOUR=cuda; fi ;;
+    *) echo "[setup_env] CLUSTR_MM_MMCV_CUDA must be 1, 0 or auto, got" \
+            "'$CLUSTR_MM_MMCV_CUDA'" >&2; return 1 ;;
+  esac
+  MMCV_BUILD_ENV=(MMCV_WITH_OPS=1)
+  WHEEL_KEY=$FLAVOUR
+  if [ "$FLAVOUR" = cuda ]; then
+    local archs="${TORCH_CUDA_ARCH_LIST:-8.0;9.0}" nvcc_v
+    nvcc_v=$(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')
+    MMCV_BUILD_ENV+=(FORCE_CUDA=1 "TORCH_CUDA_ARCH_LIST=$archs")
+    WHEEL_KEY="cuda$nvcc_v-sm$(echo "$archs" | tr -d '.' | tr ' ;' '__')"
+  fi
+}
+
+if [ "${1:-}" = --mmcv-plan ]; then
+  mmcv_plan
+  TORCH_V=$(sed -n 's/^torch==//p' "$TORCH_REQ")
+  PY_TAG=$("$PY_BASE" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+  echo "flavour=$FLAVOUR"
+  echo "build_env=${MMCV_BUILD_ENV[*]}"
+  echo "wheel_dir=$CACHE/mmcv-$MMCV_VERSION-torch$TORCH_V-$PY_TAG-$WHEEL_KEY"
+  exit 0
+fi
 
 STEP="start"
 step() { STEP="$1"; echo "[setup_env] $(date +%H:%M:%S) $1"; }
@@ -68,9 +108,8 @@ else
   step "3/7 mmcv $MMCV_VERSION with ops (cached wheel)"
   TORCH_V=$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')
   PY_TAG=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-  FLAVOUR=cpu
-  if command -v nvcc >/dev/null && nvidia-smi -L >/dev/null 2>&1; then FLAVOUR=cuda; fi
-  WHEEL_DIR="$CACHE/mmcv-$MMCV_VERSION-torch$TORCH_V-$PY_TAG-$FLAVOUR"
+  mmcv_plan
+  WHEEL_DIR="$CACHE/mmcv-$MMCV_VERSION-torch$TORCH_V-$PY_TAG-$WHEEL_KEY"
   if ! ls "$WHEEL_DIR"/mmcv-*.whl >/dev/null 2>&1; then
     BUILD=$(mktemp -d)
     echo "[setup_env] building mmcv from source ($FLAVOUR ops); 12-18 min on 2 cores, once per machine"
@@ -84,8 +123,7 @@ else
 sys.exit(0 if (int(v[0]), int(v[1])) >= (2, 5) else 1)'; then
       sed -i 's/-std=c++17/-std=c++20/g' "$SRC/setup.py"
     fi
-    export MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-$(nproc)}"
-    [ "$FLAVOUR" = cuda ] && export FORCE_CUDA=1
+    export "${MMCV_BUILD_ENV[@]}" MAX_JOBS="${MAX_JOBS:-$(nproc)}"
     LOG="$BUILD/build.log"
     ( cd "$SRC" && "${PIP[@]}" wheel -v --no-deps --no-build-isolation -w "$BUILD/dist" . ) \
       >"$LOG" 2>&1 &
