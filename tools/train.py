@@ -7,6 +7,8 @@ import argparse
 import os.path as osp
 import sys
 
+import torch
+
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 import clustr_mm  # noqa: E402,F401  (registers models, safe resume)
@@ -66,9 +68,12 @@ def main(argv=None):
 
     runner = build_runner(cfg)
     if runner.rank == 0:
+        dist = torch.distributed
+        backend = (f' ({dist.get_backend()})' if dist.is_available()
+                   and dist.is_initialized() else '')
         print(f'[train] {args.config} ({cfg.default_scope}): launcher '
-              f'{args.launcher}, world size {runner.world_size}, work dir '
-              f'{runner.work_dir}', flush=True)
+              f'{args.launcher}, world size {runner.world_size}{backend}, '
+              f'work dir {runner.work_dir}', flush=True)
         for path in sweep_stale_temporaries(runner.work_dir):
             print(f'[train] removed {path}, left by a save that was killed',
                   flush=True)
