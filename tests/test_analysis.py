@@ -610,13 +610,12 @@ def test_traffic_census_sees_the_fused_clustering_as_one_op():
         pytest.skip('torch.library.custom_op is torch >= 2.4')
     from clustr_mm.analysis.traffic import (TrafficCensus, time_bound,
                                             traffic_census)
-    from clustr_mm.models.layers.dpc_knn_fused import dpc_knn_flops
-    from clustr_mm.models.layers.token_clustering import dpc_knn_assign
-    from clustr_mm.models.layers.window_layout import (FUSED_PLAN,
-                                                       WindowLayout)
+    from clustr_mm.models.layers.dpc_knn import (FUSED_PLAN, WindowLayout,
+                                                 assign_clusters)
+    from clustr_mm.models.layers.dpc_knn.fused import dpc_knn_flops
     layout = WindowLayout((12, 12), None, 2, plan=FUSED_PLAN)
     x = torch.randn(2, 144, 8)
-    r = traffic_census(lambda: dpc_knn_assign(x, layout))
+    r = traffic_census(lambda: assign_clusters(x, layout))
     (op, ) = [o for o in r['top_ops'] if o['op'] == 'clustr_mm::dpc_knn']
     assert op['count'] == 1
     # reads the (2, 144, 8) fp32 tokens, writes (1, 2, 144) long ids
@@ -627,8 +626,8 @@ def test_traffic_census_sees_the_fused_clustering_as_one_op():
     fast = WindowLayout((12, 12), None, 2,
                         plan=FUSED_PLAN._replace(precision='tf32x3'))
     with census:
-        dpc_knn_assign(x, fast)
-        dpc_knn_assign(x, layout)
+        assign_clusters(x, fast)
+        assign_clusters(x, layout)
     tf32x3, ieee = [r['tf32x3'] for r in census.records
                     if r['op'] == 'clustr_mm::dpc_knn']
     assert tf32x3 and not ieee

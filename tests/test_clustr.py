@@ -11,14 +11,13 @@ from torch import nn
 
 import clustr_mm  # noqa: F401  (registers the models)
 from clustr_mm.models.backbones.clustr import ClusTR
-from clustr_mm.models.layers import ConvFFN, token_clustering
+from clustr_mm.models.layers import ConvFFN
 from clustr_mm.models.layers.cluster_attention import ClusterAttention
-from clustr_mm.models.layers.token_clustering import (DPCKNNClustering,
-                                                      _k_smallest,
-                                                      dpc_knn_assign,
-                                                      merge_tokens)
-from clustr_mm.models.layers.window_layout import (ACCELERATOR_PLAN, CPU_PLAN,
-                                                   WindowLayout)
+from clustr_mm.models.layers.dpc_knn import (ACCELERATOR_PLAN, CPU_PLAN,
+                                             DPCKNN, ClusterIds, WindowLayout,
+                                             assign_clusters, merge_clusters)
+from clustr_mm.models.layers.dpc_knn import blocked
+from clustr_mm.models.layers.dpc_knn.blocked import k_smallest
 
 pytestmark = pytest.mark.torch21
 
@@ -72,11 +71,12 @@ def test_exact_mode_matches_reference(plan):
     torch.manual_seed(0)
     h, w, sr = 7, 9, 2
     x = torch.randn(3, h * w, 8)
-    layout = WindowLayout((h, w), None, sr, plan=plan)
-    assert layout.totals == [15, 60]
     # A tiny chunk budget exercises the row-chunked path as well.
     for budget in (1 << 20, 100):
-        ids = dpc_knn_assign(x, layout, max_chunk_elems=budget)
+        layout = WindowLayout((h, w), None, sr, plan=plan._replace(
+            max_chunk_elems=budget))
+        assert layout.totals == [15, 60]
+        ids = assign_clusters(x, layout).scales
         for b in range(3):
             ref = reference_dpc_knn(x[b], [15, 60])
             for s in range(2):
@@ -92,10 +92,10 @@ def test_window_mode_matches_reference_per_window(h, w, plan):
     torch.manual_seed(1)
     ws, sr = 5, 2
     x = torch.randn(2, h * w, 6)
-    layout = WindowLayout((h, w), ws, sr, plan=plan)
     # one window per call; the CPU plan also splits a window's rows
-    ids = dpc_knn_assign(x, layout, max_chunk_elems=64 if plan.pad_windows
-                         else 20)
+    layout = WindowLayout((h, w), ws, sr, plan=plan._replace(
+        max_chunk_elems=64 if plan.pad_windows else 20))
+    ids = assign_clusters(x, layout).scales
     for b in range(2):
         grid = x[b].reshape(h, w, -1)
         expected = [torch.empty(h, w, dtype=torch.long) for _ in range(2)]
@@ -123,7 +123,8 @@ def test_plans_agree_on_long_rows():
     the accelerator plan's plain topk over one kept block."""
     torch.manual_seed(3)
     x = torch.randn(2, 48 * 48, 16)
-    ids = [dpc_knn_assign(x, WindowLayout((48, 48), None, 4, plan=plan))
+    ids = [assign_clusters(x, WindowLayout((48, 48), None, 4,
+                                           plan=plan)).scales
            for plan in (ACCELERATOR_PLAN, CPU_PLAN)]
     for a, b in zip(*ids):
         assert torch.equal(a, b)
@@ -134,34 +135,39 @@ def test_k_smallest_equals_topk():
     d = torch.rand(3, 5, 64 * 40 + 17)
     d[0, 0, 100:300] = float('inf')  # padding columns
     expected = d.topk(5, dim=-1, largest=False).values
-    assert torch.equal(_k_smallest(d, 5), expected)
+    assert torch.equal(k_smallest(d, 5), expected)
 
 
 def test_window_mode_equals_exact_when_one_window_covers_grid():
     torch.manual_seed(2)
     for hw in [(7, 7), (4, 7)]:
         x = torch.randn(2, hw[0] * hw[1], 8)
-        exact = dpc_knn_assign(x, WindowLayout(hw, None, 2))
-        window = dpc_knn_assign(x, WindowLayout(hw, 7, 2))
+        exact = assign_clusters(x, WindowLayout(hw, None, 2,
+                                                plan=CPU_PLAN)).scales
+        window = assign_clusters(x, WindowLayout(hw, 7, 2,
+                                                 plan=CPU_PLAN)).scales
         for a, b in zip(exact, window):
             assert torch.equal(a, b)
 
 
 def test_identity_scale_and_ties_are_deterministic():
     x = torch.zeros(2, 16, 4)  # every token identical: all ties
-    layout = WindowLayout((4, 4), None, 2)
+    layout = WindowLayout((4, 4), None, 2, plan=CPU_PLAN)
     assert layout.identity == [False, True]
-    ids = dpc_knn_assign(x, layout)
+    ids = assign_clusters(x, layout).scales
     assert torch.equal(ids[1], torch.arange(16).expand(2, -1))
     assert ids[0][0].tolist() == reference_dpc_knn(x[0], [4])[0]
-    assert torch.equal(ids[0], dpc_knn_assign(x, layout)[0])
+    assert torch.equal(ids[0], assign_clusters(x, layout).scales[0])
 
 
 def test_merge_is_weighted_mean():
     torch.manual_seed(3)
     x, w = torch.randn(2, 10, 3), torch.rand(2, 10, 1) + 0.1
     ids = torch.randint(0, 4, (2, 10))
-    out = merge_tokens(x, w, ids, 4)
+    # one scale of 4 clusters on 10 tokens (2 * max(1, 10 // 2**2))
+    layout = WindowLayout((2, 5), None, 2, (2, ), plan=CPU_PLAN)
+    assert layout.totals == [4]
+    (out, ) = merge_clusters(x, w, ClusterIds([ids], ids[None]), layout)
     for b in range(2):
         for m in range(4):
             member = ids[b] == m
@@ -173,14 +179,15 @@ def test_merge_is_weighted_mean():
 def test_cluster_attention_sums_two_scales():
     torch.manual_seed(4)
     attn = ClusterAttention(16, 2, sr_ratio=2).eval()
-    attn.clustering.record_assignments = True
     x, hw = torch.randn(1, 36, 16), (6, 6)
     out = attn(x, hw)
     w = attn.weight_layer(x).exp()
     total = torch.zeros_like(x)
-    for kv, ids, m in zip((attn.kv1, attn.kv2), attn.clustering.assignments,
-                          (9, 36)):
-        k, v = kv(merge_tokens(x, w, ids, m)).chunk(2, -1)
+    layout = attn.clustering.layout(hw, x.device)
+    assert layout.totals == [9, 36]
+    merged = merge_clusters(x, w, assign_clusters(x, layout), layout)
+    for kv, z in zip((attn.kv1, attn.kv2), merged):
+        k, v = kv(z).chunk(2, -1)
         q = attn.q(x)
         for h in range(2):
             sl = slice(8 * h, 8 * h + 8)
@@ -270,7 +277,7 @@ def test_window_mode_large_input_has_bounded_chunks(monkeypatch):
         largest.append(out.numel())
         return out
 
-    monkeypatch.setattr(token_clustering.torch, 'bmm', recording_bmm)
+    monkeypatch.setattr(blocked.torch, 'bmm', recording_bmm)
     with torch.no_grad():
         out = model(torch.randn(1, 3, 288, 544))[0]  # stage 1: 72 x 136
     assert out.shape == (1, 512, 9, 17)
@@ -282,7 +289,7 @@ def test_deterministic_across_runs():
     torch.manual_seed(7)
     model = ClusTR('tiny', clustering_mode='window', window_size=8).eval()
     clusterers = [
-        m for m in model.modules() if isinstance(m, DPCKNNClustering)
+        m for m in model.modules() if isinstance(m, DPCKNN)
     ]
     for m in clusterers:
         m.record_assignments = True
@@ -344,12 +351,12 @@ def test_bf16_autocast_keeps_fp32_assignments():
     torch.manual_seed(9)
     x = torch.randn(2, 14 * 14, 32)
     w = torch.rand(2, 14 * 14, 1) + 0.5
-    clusterer = DPCKNNClustering(2)
+    clusterer = DPCKNN(2)
     clusterer.record_assignments = True
-    clusterer(x, w, (14, 14))
+    clusterer(x, (14, 14), w)
     fp32 = clusterer.assignments
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        clusterer(x, w, (14, 14))
+        clusterer(x, (14, 14), w)
     assert all(torch.equal(a, b) for a, b in zip(fp32, clusterer.assignments))
 
     model = ClusTR('tiny').eval()

@@ -48,8 +48,9 @@ PASS1_CASES = [(10, 2, 8), (64, 1, 4), (100, 3, 6), (150, 2, 5),
 def pass1_matches_full_matrix(n, g, c):
     """Pass 1's outputs against the same quantities of the whole distance
     matrix, with padding and duplicate tokens: [knn, rowmax, first] equal."""
-    from clustr_mm.models.layers import dpc_knn_fused as fused
-    from clustr_mm.models.layers.dpc_knn import augment, first_duplicate
+    from clustr_mm.models.layers.dpc_knn import fused
+    from clustr_mm.models.layers.dpc_knn.reference import (augment,
+                                                           first_duplicate)
     x = torch.randint(-1, 2, (g, n, c)).float()
     invalid = torch.rand(g, n) < 0.2
     invalid[0, -1] = invalid[-1, 0] = True
@@ -81,12 +82,10 @@ def near_duplicates(b, n, c):
 def interpreted_cases():
     """Run in a child with ``TRITON_INTERPRET=1``; prints JSON results."""
     from clustr_mm.models.backbones.clustr import ClusTR
-    from clustr_mm.models.layers import dpc_knn_fused as fused
-    from clustr_mm.models.layers.token_clustering import (dpc_knn_assign,
-                                                          use_plan)
-    from clustr_mm.models.layers.window_layout import (FUSED_PLAN,
-                                                       TRACE_PLAN,
-                                                       WindowLayout)
+    from clustr_mm.models.layers.dpc_knn import (FUSED_PLAN, TRACE_PLAN,
+                                                 WindowLayout,
+                                                 assign_clusters, fused,
+                                                 use_plan)
     assert fused.INTERPRET
     calls, seen = [], []
     passes, knn_pass = fused._triton_passes, fused._knn_pass
@@ -107,8 +106,10 @@ def interpreted_cases():
     for hw, ws, sr, b, c in CASES:
         # values in {-1, 0, 1}: many duplicate tokens, exact sums
         x = torch.randint(-1, 2, (b, hw[0] * hw[1], c)).float()
-        ref = dpc_knn_assign(x, WindowLayout(hw, ws, sr, plan=TRACE_PLAN))
-        got = dpc_knn_assign(x, WindowLayout(hw, ws, sr, plan=FUSED_PLAN))
+        ref = assign_clusters(x, WindowLayout(hw, ws, sr,
+                                              plan=TRACE_PLAN)).scales
+        got = assign_clusters(x, WindowLayout(hw, ws, sr,
+                                              plan=FUSED_PLAN)).scales
         out['ids'][f'{hw}-{ws}-b{b}'] = all(
             torch.equal(r, g) for r, g in zip(ref, got))
     out['kernel_calls'] = len(calls)
@@ -123,7 +124,8 @@ def interpreted_cases():
                         ('near', near_duplicates(b, hw[0] * hw[1], 8))):
             seen.clear()
             ref = dpc_knn_assign_emulated(x, hw, ws, sr)
-            got = dpc_knn_assign(x, WindowLayout(hw, ws, sr, plan=tf32x3))
+            got = assign_clusters(x, WindowLayout(hw, ws, sr,
+                                                  plan=tf32x3)).scales
             out['tf32x3'][f'{name}-{hw}-{ws}-b{b}'] = dict(
                 same=all(torch.equal(r, g) for r, g in zip(ref, got)),
                 seen=seen[:1])
@@ -145,18 +147,13 @@ def interpreted_cases():
 
 def dpc_knn_assign_emulated(x, hw, ws, sr):
     """Ids of the reference with emulated 3xTF32 distances."""
-    from clustr_mm.models.layers import token_clustering as tc
-    from clustr_mm.models.layers.dpc_knn import dpc_knn_reference
-    from clustr_mm.models.layers.window_layout import (TRACE_PLAN,
-                                                       WindowLayout)
-    reference = tc.dpc_knn_reference
-    tc.dpc_knn_reference = (lambda *a: dpc_knn_reference(*a,
-                                                         emulate='tf32x3'))
+    from clustr_mm.models.layers.dpc_knn import reference as ref
+    original = ref.dpc_knn_reference
+    ref.dpc_knn_reference = (lambda *a: original(*a, emulate='tf32x3'))
     try:
-        return tc.dpc_knn_assign(x, WindowLayout(hw, ws, sr,
-                                                 plan=TRACE_PLAN))
+        return dpc_knn_assign_ieee(x, hw, ws, sr)
     finally:
-        tc.dpc_knn_reference = reference
+        ref.dpc_knn_reference = original
 
 
 @pytest.fixture(scope='module')
@@ -191,7 +188,7 @@ def test_tf32x3_reaches_kernels_and_gives_reference_ids(interpreted):
     interpreter computes tl.dot in plain fp32 whatever its precision, so
     this checks the plumbing and the tolerance path; the kernels' tf32x3
     code is checked by compiling it, below.)"""
-    from clustr_mm.models.layers.dpc_knn import tie_tolerance
+    from clustr_mm.models.layers.dpc_knn.reference import tie_tolerance
     results = interpreted['tf32x3']
     assert len(results) == 6
     bad = [k for k, v in results.items() if not v['same']]
@@ -206,7 +203,8 @@ def test_near_duplicates_tell_the_thresholds_apart():
     """The near-duplicate case of the test above is one: its pairs are
     ties at the 'tf32x3' threshold and not at the 'ieee' one, so their
     ids differ between the two thresholds."""
-    from clustr_mm.models.layers.dpc_knn import augment, first_duplicate
+    from clustr_mm.models.layers.dpc_knn.reference import (augment,
+                                                           first_duplicate)
     x = near_duplicates(2, 90, 8)
     firsts = []
     for precision in ('ieee', 'tf32x3'):
@@ -220,10 +218,11 @@ def test_near_duplicates_tell_the_thresholds_apart():
 
 
 def dpc_knn_assign_ieee(x, hw, ws, sr):
-    from clustr_mm.models.layers.token_clustering import dpc_knn_assign
-    from clustr_mm.models.layers.window_layout import (TRACE_PLAN,
-                                                       WindowLayout)
-    return dpc_knn_assign(x, WindowLayout(hw, ws, sr, plan=TRACE_PLAN))
+    """Ids of the reference backend."""
+    from clustr_mm.models.layers.dpc_knn import (TRACE_PLAN, WindowLayout,
+                                                 assign_clusters)
+    return assign_clusters(x, WindowLayout(hw, ws, sr,
+                                           plan=TRACE_PLAN)).scales
 
 
 def test_tf32_split_and_emulated_error_bound():
@@ -231,8 +230,8 @@ def test_tf32_split_and_emulated_error_bound():
     split is exact on small integers (then the distances equal IEEE's),
     and on random tokens the distance error (against fp64) stays inside
     the 'tf32x3' tie bound, identical tokens under the threshold."""
-    from clustr_mm.models.layers.dpc_knn import (augment, tf32_split,
-                                                 tf32x3_bmm, tie_tolerance)
+    from clustr_mm.models.layers.dpc_knn.reference import (
+        augment, tf32_split, tf32x3_bmm, tie_tolerance)
     torch.manual_seed(0)
     x = torch.randn(3, 200, 64) * torch.logspace(-3, 3, 200)[:, None]
     hi, lo = tf32_split(x)
@@ -261,12 +260,12 @@ def test_tf32_split_and_emulated_error_bound():
 
 
 def test_unknown_precision_is_refused():
-    from clustr_mm.models.layers.reducers import DPCKNN
-    from clustr_mm.models.layers.dpc_knn import tie_tolerance
+    from clustr_mm.models.layers.dpc_knn import DPCKNN
+    from clustr_mm.models.layers.dpc_knn.reference import tie_tolerance
     with pytest.raises(ValueError, match=r"precision must be one of "
                        r"\('ieee', 'tf32x3'\), got 'tf32'"):
         DPCKNN(2, precision='tf32')
-    from clustr_mm.models.layers.window_layout import FUSED_PLAN
+    from clustr_mm.models.layers.dpc_knn import FUSED_PLAN
     with pytest.raises(ValueError, match=r"plan.precision 'tf32x3' and "
                        r"precision 'ieee' disagree"):
         DPCKNN(2, plan=FUSED_PLAN._replace(precision='tf32x3'))
@@ -281,18 +280,18 @@ def test_backbone_reducer_config_sets_precision():
     """ClusTR's ``reducers`` config carries the precision to every stage's
     reducer, and from there into its plan; the default is 'ieee'."""
     from clustr_mm.models.backbones.clustr import ClusTR
-    from clustr_mm.models.layers.token_clustering import DPCKNNClustering
+    from clustr_mm.models.layers.dpc_knn import DPCKNN
     for precision in ('ieee', 'tf32x3'):
         model = ClusTR('tiny', reducers=dict(type='DPCKNN',
                                              precision=precision))
         found = [m for m in model.modules()
-                 if isinstance(m, DPCKNNClustering)]
+                 if isinstance(m, DPCKNN)]
         assert found and all(m.precision == precision for m in found)
         layout = found[0].layout((8, 8), torch.device('cpu'))
         assert layout.plan.precision == precision
     model = ClusTR('tiny')
     assert all(m.precision == 'ieee' for m in model.modules()
-               if isinstance(m, DPCKNNClustering))
+               if isinstance(m, DPCKNN))
 
 
 @pytest.mark.slow
@@ -317,17 +316,16 @@ def test_fused_op_is_one_op_with_shapes_and_flops():
     from torch.utils.flop_counter import FlopCounterMode
 
     from clustr_mm.analysis.op_census import op_census
-    from clustr_mm.models.layers.dpc_knn_fused import dpc_knn_flops
-    from clustr_mm.models.layers.token_clustering import dpc_knn_assign
-    from clustr_mm.models.layers.window_layout import (FUSED_PLAN,
-                                                       WindowLayout)
+    from clustr_mm.models.layers.dpc_knn import (FUSED_PLAN, WindowLayout,
+                                                 assign_clusters)
+    from clustr_mm.models.layers.dpc_knn.fused import dpc_knn_flops
     layout = WindowLayout((12, 12), None, 2, plan=FUSED_PLAN)
     x = torch.randn(2, 144, 8)
-    census = op_census(lambda: dpc_knn_assign(x, layout))
+    census = op_census(lambda: assign_clusters(x, layout))
     assert census['by_op'].get('dpc_knn') == 1, census['by_op']
     assert layout.clustered == [0] and layout.totals == [36, 144]
     with FlopCounterMode(display=False) as counter:
-        dpc_knn_assign(x, layout)
+        assign_clusters(x, layout)
     assert counter.get_total_flops() == dpc_knn_flops(2, 144, 8, 36) > 0
     with torch._subclasses.fake_tensor.FakeTensorMode():
         for precision in ('ieee', 'tf32x3'):
@@ -364,7 +362,7 @@ def test_kernels_compile_for_gpus(arch):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from clustr_mm.models.layers import dpc_knn_fused as f
+    from clustr_mm.models.layers.dpc_knn import fused as f
     tiles = dict(BLOCK=f.BLOCK, BLOCK_C=f.BLOCK_C)
     sizes = dict(n='i32', C='i32')
     results = dict(knn_ptr='*fp32', rowmax_ptr='*fp32', first_ptr='*i32',

@@ -18,9 +18,8 @@ from clustr_mm.analysis.op_census import op_census
 from clustr_mm.analysis.traffic import traffic_census
 from clustr_mm.models.backbones.clustr import ClusTR
 from clustr_mm.models.layers import SummaryAttention
-from clustr_mm.models.layers.token_clustering import use_plan
-from clustr_mm.models.layers.window_layout import (ACCELERATOR_PLAN, CPU_PLAN,
-                                                   FUSED_PLAN)
+from clustr_mm.models.layers.dpc_knn import (ACCELERATOR_PLAN, CPU_PLAN,
+                                             FUSED_PLAN, use_plan)
 
 pytestmark = pytest.mark.torch21
 

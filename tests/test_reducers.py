@@ -19,9 +19,8 @@ from clustr_mm.models.layers import (DPCKNN, CentroidAttention,
                                      PaCaAttention, SoftCluster,
                                      SummaryAttention, TokenReducer,
                                      build_reducer, multi_head_attention)
-from clustr_mm.models.layers.token_clustering import (dpc_knn_assign,
-                                                      merge_tokens)
-from clustr_mm.models.layers.window_layout import WindowLayout
+from clustr_mm.models.layers.dpc_knn import (assign_clusters,
+                                             merge_clusters)
 
 pytestmark = pytest.mark.torch21
 
@@ -105,15 +104,20 @@ def test_dpcknn_reducer_is_the_clustr_clustering():
     x, w = torch.randn(2, 63, DIM), torch.rand(2, 63, 1) + 0.5
     reducer = DPCKNN(2)
     tokens, ids = reducer(x, HW, w)
-    layout = WindowLayout(HW, None, 2)
-    expected = dpc_knn_assign(x, layout)
-    for z, i, e, m in zip(tokens, ids, expected, layout.totals):
+    layout = reducer.layout(HW, x.device)
+    expected = assign_clusters(x, layout)
+    merged = merge_clusters(x, w, expected, layout)
+    assert [z.shape[1] for z in merged] == layout.totals == [15, 60]
+    for z, i, e, m in zip(tokens, ids, expected.scales, merged):
         assert torch.equal(i, e)
-        torch.testing.assert_close(z, merge_tokens(x, w, e, m))
+        assert torch.equal(z, m)
     # no weights: the plain mean of each cluster
     plain = reducer(x, HW).tokens[0]
-    torch.testing.assert_close(
-        plain, merge_tokens(x, torch.ones_like(w), expected[0], 15))
+    for c in range(15):
+        torch.testing.assert_close(
+            plain[:, c], torch.stack([x[b][ids[0][b] == c].mean(0)
+                                      for b in range(2)]),
+            rtol=1e-5, atol=1e-5)
 
 
 def test_grid_pool_is_strided_conv_plus_layernorm():
@@ -220,11 +224,11 @@ def test_centroid_knn_restriction(normalize):
 def clustr_attention_reference(attn, x, hw):
     """The official ClusTR attention, written out from its description."""
     q, w = attn.q(x), attn.weight_layer(x).exp()
-    layout = WindowLayout(hw, None, attn.sr_ratio)
+    layout = attn.clustering.layout(hw, x.device)
     out = 0
-    for kv, ids, m in zip((attn.kv1, attn.kv2), dpc_knn_assign(x, layout),
-                          layout.totals):
-        k, v = kv(merge_tokens(x, w, ids, m)).chunk(2, -1)
+    for kv, z in zip((attn.kv1, attn.kv2), merge_clusters(
+            x, w, assign_clusters(x, layout), layout)):
+        k, v = kv(z).chunk(2, -1)
         out = out + attention_reference(q, k, v, attn.num_heads)
     return attn.proj(out)
 

@@ -37,9 +37,7 @@ from conftest import ROOT, logged_losses, run_tool
 from mmengine.registry import MODELS
 
 import clustr_mm  # noqa: F401
-from clustr_mm.models.layers.reducers import TokenReducer
-from clustr_mm.models.layers.token_clustering import (DPCKNNClustering,
-                                                      dpc_knn_assign)
+from clustr_mm.models.layers import TokenReducer, assign_clusters
 
 CLS_CONFIG = 'configs/clustr/clustr-t_embedded-imagenet.py'
 # One thread for the training subprocesses: on shared CI cores two OpenMP
@@ -69,14 +67,14 @@ def _build(name, seed=0):
     model.init_weights()
     model.eval()
     for m in model.modules():
-        if isinstance(m, (DPCKNNClustering, TokenReducer)):
+        if isinstance(m, TokenReducer):
             m.record_assignments = True
     return model
 
 
 def _reducers(model):
     return [m for m in model.modules()
-            if isinstance(m, (DPCKNNClustering, TokenReducer))]
+            if isinstance(m, TokenReducer)]
 
 
 def _forward(model, x, bf16=False):
@@ -202,8 +200,8 @@ def test_bf16_clustering_decisions_are_the_fp32_decisions(name):
     bf16_ids = iter(ids)
     for module, tokens, hw in seen:
         with torch.autocast('cpu', enabled=False):
-            ref = dpc_knn_assign(tokens.float(), module.layout(hw, x.device),
-                                 module.k, module.max_chunk_elems)
+            ref = assign_clusters(tokens.float(),
+                                  module.layout(hw, x.device)).scales
         for r in ref:
             assert torch.equal(r, next(bf16_ids))
     # Against the fp32 run the tokens themselves differ by bf16 rounding, so

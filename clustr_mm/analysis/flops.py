@@ -16,7 +16,7 @@ PVT, Swin, PaCa-ViT and mmdet/mmseg's ``get_flops``. On top of it:
   ``aten::cdist``: one multiply-add per pair and channel.
 - DPC-kNN clustering (ClusTR's reducer) is counted *analytically*, not from
   the trace: its cost must not depend on the image, its loops are chunked
-  for memory, and one step is data dependent. Each :class:`DPCKNNClustering`
+  for memory, and one step is data dependent. Each :class:`DPCKNN` reducer
   call on B images, C channels and a grid tiled into windows (exact mode:
   one window per image) contributes, for G windows of n tokens that are
   clustered into at most K centers (counts ``m_s`` per scale):
@@ -129,9 +129,9 @@ def flop_analyzer(model: nn.Module, inputs) -> FlopAnalyzer:
 
 
 def _is_dpc_knn(module: nn.Module) -> bool:
-    """DPC-kNN reducers (also the ``DPCKNN`` token reducer, a subclass)."""
-    from ..models.layers.token_clustering import DPCKNNClustering
-    return isinstance(module, DPCKNNClustering)
+    """DPC-kNN reducers (the ``DPCKNN`` token reducer)."""
+    from ..models.layers.dpc_knn import DPCKNN
+    return isinstance(module, DPCKNN)
 
 
 def dpc_knn_flops(reducer: nn.Module, batch: int, channels: int,
@@ -139,7 +139,7 @@ def dpc_knn_flops(reducer: nn.Module, batch: int, channels: int,
     """FLOPs of one DPC-kNN reducer call (see the module docstring).
 
     Args:
-        reducer: A :class:`DPCKNNClustering` (its ``window_size``,
+        reducer: A DPCKNN reducer (its ``window_size``,
             ``sr_ratio``, ``scale_factors`` and ``k`` are read).
         batch, channels: B and C of the (B, H*W, C) tokens.
         hw: (H, W) of the token grid.
@@ -148,17 +148,17 @@ def dpc_knn_flops(reducer: nn.Module, batch: int, channels: int,
         Counter with ``clustering.distances``, ``clustering.selection`` and
         ``clustering.merge``.
     """
-    from ..models.layers.window_layout import WindowLayout
+    from ..models.layers.dpc_knn import TRACE_PLAN, WindowLayout
     h, w = int(hw[0]), int(hw[1])
     layout = WindowLayout((h, w), reducer.window_size, reducer.sr_ratio,
-                          reducer.scale_factors)
+                          reducer.scale_factors, plan=TRACE_PLAN)
     todo = layout.clustered
     out = Counter(dict.fromkeys(CLUSTERING_OPS, 0))
     if not todo:
         return out
     c, k = channels, reducer.k
     # The algorithm's work, window by window: what a jit trace runs
-    # (window_layout.TRACE_PLAN). A GPU runs more where it pads border
+    # (dpc_knn.TRACE_PLAN). A GPU runs more where it pads border
     # windows, a CPU where it recomputes distances to denser tokens.
     for i, n in enumerate(layout.tokens):
         counts = [layout.counts[s][i] for s in todo]

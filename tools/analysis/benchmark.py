@@ -72,7 +72,7 @@ is polluted by an earlier one. Peers come from the installed mmdet.
 - ``--census``: no timing; ``clustr_mm.analysis.op_census`` of one eval
   forward after a warm-up one: the ops (about the kernel launches on a GPU),
   the host syncs and the most frequent ops. ClusTR's clustering runs its
-  CUDA path (``FUSED_PLAN`` in ``window_layout``: the fused op) on every
+  CUDA path (``FUSED_PLAN`` in ``dpc_knn``: the fused op) on every
   device, so a CPU census counts the GPU's code path.
 
 The output starts with the device, torch version, batch, amp and command
@@ -264,17 +264,16 @@ class BlockTimer:
 
 def set_precision(model, precision):
     """The fused clustering's distance products in every DPC-kNN reducer."""
-    from clustr_mm.models.layers.token_clustering import DPCKNNClustering
+    from clustr_mm.models.layers.dpc_knn import DPCKNN
     for m in model.modules():
-        if isinstance(m, DPCKNNClustering):
+        if isinstance(m, DPCKNN):
             m.precision = precision
 
 
 def cuda_path(model):
     """Make ClusTR's clustering take its CUDA path on any device: the fused
     op (on a CPU it runs the blocked code inside, seen as the one op)."""
-    from clustr_mm.models.layers.token_clustering import use_plan
-    from clustr_mm.models.layers.window_layout import FUSED_PLAN
+    from clustr_mm.models.layers.dpc_knn import FUSED_PLAN, use_plan
     use_plan(model, FUSED_PLAN)
 
 

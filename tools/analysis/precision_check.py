@@ -52,39 +52,38 @@ def precision_check(arch='small', mode='exact', size=224, images=4,
     """Per stage: tokens clustered, % ids changed by emulated 3xTF32 and by
     reordered fp32 summation (against IEEE fp32)."""
     from clustr_mm.models.backbones.clustr import ClusTR
-    from clustr_mm.models.layers import token_clustering as tc
-    from clustr_mm.models.layers.dpc_knn import dpc_knn_reference
-    from clustr_mm.models.layers.window_layout import TRACE_PLAN
+    from clustr_mm.models.layers.dpc_knn import (DPCKNN, TRACE_PLAN,
+                                                 reference as ref, use_plan)
     torch.manual_seed(0)
     model = ClusTR(arch, clustering_mode=mode).eval()
-    tc.use_plan(model, TRACE_PLAN)  # the reference implementation
+    use_plan(model, TRACE_PLAN)  # the reference backend
     x, source = load_images(data, images, size)
     stats = defaultdict(lambda: dict(ids=0, tf32x3=0, reordered=0, calls=0))
     stage = [None]
     for name, m in model.named_modules():
-        if isinstance(m, tc.DPCKNNClustering):
+        if isinstance(m, DPCKNN):
             def enter(_, __, s=int(name.split('.')[1])):
                 stage[0] = s
             m.register_forward_pre_hook(enter)
-    reference = tc.dpc_knn_reference
+    reference = ref.dpc_knn_reference
 
-    def compared(x, counts, k, consts):
-        ids = reference(x, counts, k, consts)
+    def compared(x, counts, k, windows):
+        ids = reference(x, counts, k, windows)
         row = stats[stage[0]]
         row['calls'] += 1
         row['ids'] += ids.numel()
-        other = dpc_knn_reference(x, counts, k, consts, emulate='tf32x3')
+        other = reference(x, counts, k, windows, emulate='tf32x3')
         row['tf32x3'] += int((other != ids).sum())
-        other = reference(x.flip(-1), counts, k, consts)
+        other = reference(x.flip(-1), counts, k, windows)
         row['reordered'] += int((other != ids).sum())
         return ids
 
-    tc.dpc_knn_reference = compared
+    ref.dpc_knn_reference = compared
     try:
         with torch.no_grad():
             model(x)
     finally:
-        tc.dpc_knn_reference = reference
+        ref.dpc_knn_reference = reference
     rows = [dict(stage=s + 1, calls=r['calls'], ids=r['ids'],
                  tf32x3_pct=100 * r['tf32x3'] / r['ids'],
                  fp32_reordered_pct=100 * r['reordered'] / r['ids'])

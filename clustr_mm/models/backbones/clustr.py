@@ -11,7 +11,8 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...registry import register_model
-from ..layers import ClusterAttention, ConvFFN, DropPath, OverlapPatchEmbed
+from ..layers import (CLUSTR_SCALES, ClusterAttention, ConvFFN, DropPath,
+                      OverlapPatchEmbed)
 from .base import PyramidBackbone, parse_arch, per_stage_reducers
 from .checks import check_int
 from .stage import PyramidStage, drop_path_rates
@@ -92,14 +93,14 @@ class ClusTR(PyramidBackbone):
             clustering, in elements; bounds its memory. Default None: 2**28
             (1 GiB of fp32 distances) on every device.
         reducers (dict | Sequence[dict | None], optional): The key/value
-            token reducer per stage (see ``layers/reducers.py``). A dict is
+            token reducer per stage (see ``layers/token_reducer.py``). A dict is
             used in every stage whose ``sr_ratio`` is > 1 (full attention
             where it is 1); a sequence gives one entry per stage, None
             meaning full attention. Each reducer is offered the stage's
             ``dim``, ``sr_ratio``, ``num_heads`` and, in 'window' mode, its
             ``window_size`` (plus ``max_chunk_elems``) unless its config sets
             them. Default None: ClusTR, i.e. ``dict(type='DPCKNN',
-            scale_factors=(1, 4))``. E.g. ``dict(type='GridPool')`` is PVT's
+            scale_factors=CLUSTR_SCALES)`` (1, 4). E.g. ``dict(type='GridPool')`` is PVT's
             spatial-reduction attention, ``dict(type='DPCKNN',
             scale_factors=(1, ))`` single-scale clustering.
         compact_qv (bool): Armour compact attention: values come from the
@@ -223,7 +224,7 @@ class ClusTR(PyramidBackbone):
     def _parse_reducers(self, reducers) -> List[Optional[dict]]:
         """One reducer config (or None: full attention) per stage."""
         if reducers is None:
-            reducers = dict(type='DPCKNN', scale_factors=(1, 4))
+            reducers = dict(type='DPCKNN', scale_factors=CLUSTR_SCALES)
         return per_stage_reducers(reducers, [sr > 1 for sr in self.sr_ratios])
 
     def _frozen_modules(self) -> List[nn.Module]:

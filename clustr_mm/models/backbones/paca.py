@@ -17,7 +17,7 @@ from torch import nn
 
 from ...registry import register_model
 from ..layers import ConvFFN, DropPath, PaCaAttention, tokens_to_map
-from ..layers.reducers import reducer_class
+from ..layers.token_reducer import reducer_class
 from .base import PyramidBackbone, parse_arch, per_stage_reducers
 from .checks import check_int, check_per_stage
 from .stage import PyramidStage, drop_path_rates, map_to_tokens

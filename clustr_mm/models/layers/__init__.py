@@ -2,20 +2,23 @@ from .attention import multi_head_attention, split_heads
 from .drop_path import DropPath
 from .cluster_attention import (ClusterAttention, PaCaAttention,
                                 SummaryAttention)
+from .dpc_knn import (CLUSTR_SCALES, DPCKNN, ClusteringPlan, WindowLayout,
+                      assign_clusters, choose_backend, merge_clusters,
+                      plan_for)
 from .ffn import ConvFFN
 from .patch_embed import OverlapPatchEmbed, tokens_to_map
-from .reducers import (DPCKNN, CentroidAttention, GridPool, PointwiseConv,
-                       Reduction, SoftCluster, TokenReducer, apply_assignment,
-                       assignment_map, build_reducer, soft_assignment)
-from .token_clustering import DPCKNNClustering, dpc_knn_assign, merge_tokens
-from .window_layout import ClusteringPlan, WindowLayout, plan_for
+from .reducers import (CentroidAttention, GridPool, PointwiseConv,
+                       SoftCluster, soft_assignment)
+from .token_reducer import (Reduction, TokenReducer, apply_assignment,
+                            assignment_map, build_reducer, reducer_class)
 
 __all__ = [
     'multi_head_attention', 'split_heads', 'DropPath', 'ConvFFN',
     'SummaryAttention', 'ClusterAttention', 'PaCaAttention',
     'OverlapPatchEmbed', 'tokens_to_map', 'TokenReducer', 'Reduction',
-    'build_reducer', 'apply_assignment', 'assignment_map', 'DPCKNN',
-    'SoftCluster', 'CentroidAttention', 'GridPool', 'DPCKNNClustering',
-    'WindowLayout', 'dpc_knn_assign', 'merge_tokens', 'PointwiseConv',
-    'soft_assignment', 'ClusteringPlan', 'plan_for'
+    'build_reducer', 'reducer_class', 'apply_assignment', 'assignment_map',
+    'DPCKNN', 'SoftCluster', 'CentroidAttention', 'GridPool',
+    'WindowLayout', 'assign_clusters', 'merge_clusters', 'PointwiseConv',
+    'soft_assignment', 'ClusteringPlan', 'plan_for', 'choose_backend',
+    'CLUSTR_SCALES'
 ]

@@ -1,5 +1,6 @@
 """One attention for every reducer: queries from the N tokens, keys/values
-from the summary tokens a :class:`~.reducers.TokenReducer` makes of them.
+from the summary tokens a :class:`~.token_reducer.TokenReducer` makes of
+them.
 
 ``SummaryAttention`` is the machinery; ClusTR's ``ClusterAttention`` and
 PaCa-ViT's ``PaCaAttention`` are named settings of it (parameter names and
@@ -11,7 +12,8 @@ import torch
 from torch import nn
 
 from .attention import multi_head_attention
-from .reducers import TokenReducer, apply_assignment, build_reducer
+from .dpc_knn.common import CLUSTR_SCALES
+from .token_reducer import TokenReducer, apply_assignment, build_reducer
 
 Grid = Tuple[int, int]
 ReducerCfg = Union[dict, TokenReducer, None]
@@ -236,7 +238,7 @@ class ClusterAttention(SummaryAttention):
             if reducer != 'default':
                 raise ValueError(f"reducer must be 'default', a config, a "
                                  f'module or None, got {reducer!r}')
-            reducer = (dict(type='DPCKNN', scale_factors=(1, 4))
+            reducer = (dict(type='DPCKNN', scale_factors=CLUSTR_SCALES)
                        if sr_ratio > 1 else None)
         super().__init__(
             dim, num_heads, reducer, qkv_bias=qkv_bias, kv_layout='fused',

@@ -1,20 +1,23 @@
-"""Size-only set-up of the DPC-kNN clustering (``token_clustering``).
+"""What every part of the DPC-kNN clustering shares: the plans, the window
+layout of a token grid and the typed constants the backends read.
 
-How a stage's token grid is cut into clustering windows, how that work is
-laid out on each kind of device (:class:`ClusteringPlan`), and the constants
-a forward pass needs besides the tokens (masks, cluster counts and id
-offsets, the token order), built once per grid size and batch size and kept
-on the device. Nothing here reads token values.
+Nothing here reads token values: a :class:`WindowLayout` is built once per
+grid size (by the reducer), its :class:`BatchConsts` once per batch size.
 """
+from dataclasses import dataclass
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from .graph_safety import is_tracing
+from ..graph_safety import is_tracing
+
+# ClusTR's two nested scales: m = n // sr^2 clusters per window of n tokens,
+# then 4 m (the paper's N / sr^2 and 4 N / sr^2).
+CLUSTR_SCALES = (1, 4)
 
 
 class ClusteringPlan(NamedTuple):
-    """How the clustering is laid out on one kind of device.
+    """Which backend clusters and how the work is laid out for it.
 
     Every plan computes the same clusters (tested); plans differ only in
     speed and memory. ``max_chunk_elems`` bounds one distance block;
@@ -22,10 +25,10 @@ class ClusteringPlan(NamedTuple):
     launches) instead of clustering each window shape unpadded in its own
     call (less work); ``blocked_knn`` finds the k nearest among the blocks
     of 64 columns with the smallest minima (fewer comparisons, more ops);
-    ``kernel`` is the implementation (``token_clustering``): 'blocked',
-    'reference' or 'fused'. ``precision`` is the fused kernels' distance
-    products, 'ieee' or the opt-in 'tf32x3' (the reducer's ``precision``
-    sets it); the other implementations are IEEE fp32 whatever it says.
+    ``kernel`` is the backend (:mod:`.dispatch`): 'blocked', 'reference' or
+    'fused'. ``precision`` is the fused kernels' distance products, 'ieee'
+    or the opt-in 'tf32x3' (the reducer's ``precision`` sets it); the other
+    backends are IEEE fp32 whatever it says.
     """
     max_chunk_elems: int
     pad_windows: bool
@@ -48,59 +51,88 @@ FUSED_PLAN = ClusteringPlan(1 << 28, True, False, 'fused')
 TRACE_PLAN = ClusteringPlan(1 << 28, False, False, 'reference')
 
 
-def plan_for(device: Optional[torch.device]) -> ClusteringPlan:
-    """The plan of ``device`` (None: the CPU) and what is installed; the
-    trace plan while ``torch.jit.trace`` runs."""
-    if torch.jit.is_tracing():
-        return TRACE_PLAN
-    if device is None or device.type == 'cpu':
-        return CPU_PLAN
-    if device.type == 'cuda':
-        from .fused_support import fused_available
-        if fused_available():
-            return FUSED_PLAN
-    return ACCELERATOR_PLAN
+@dataclass(frozen=True)
+class Padding:
+    """The padding of G windows brought to one shape (border windows).
 
-
-class WindowBatch(NamedTuple):
-    """Constants of one window group for one batch size, built once.
-
-    Leading dim G = B x windows of the group: ``invalid`` (G, n) marks
-    padding; ``knn_scale`` (G, 1) rescales the kNN mean of windows with fewer
-    than k tokens; ``ones`` (G, n, 1). ``center_valid`` (S, G, K) marks which
-    of the K center slots are centers of each scale. ``positions`` is
-    ``arange(n)``; ``offsets`` (S, 1, windows, 1) the id of each window's
-    first cluster (None inside the fused op, which does not offset ids);
-    ``inf`` is a 0-dim +inf. Optional entries are None where not needed.
+    ``invalid`` (G, n) is True at padded positions; ``knn_scale`` (G, 1)
+    rescales the kNN mean of windows with fewer than k real tokens, None
+    when every window has at least k.
     """
-    invalid: Optional[torch.Tensor]
+    invalid: torch.Tensor
     knn_scale: Optional[torch.Tensor]
-    ones: torch.Tensor
-    center_valid: Optional[torch.Tensor]
-    positions: torch.Tensor
-    offsets: Optional[torch.Tensor]
-    inf: torch.Tensor
 
-    def windows(self, sl: slice) -> 'WindowBatch':
-        """The constants of windows ``sl`` (for one block of them)."""
+
+@dataclass(frozen=True)
+class Windows:
+    """G same-shaped windows of n token slots: what a backend reads besides
+    the tokens.
+
+    ``ones`` (G, n, 1), ``positions`` ``arange(n)`` and ``inf`` (0-dim +inf)
+    are cached tensors. ``padding``: None when no window is padded.
+    ``center_slots`` (S, G, K): which of the K center slots are centers of
+    each scale; None when there is one scale and every window has the same
+    count (its first ``counts[0]`` slots).
+    """
+    ones: torch.Tensor
+    positions: torch.Tensor
+    inf: torch.Tensor
+    padding: Optional[Padding] = None
+    center_slots: Optional[torch.Tensor] = None
+
+    @property
+    def invalid(self) -> Optional[torch.Tensor]:
+        """(G, n) True at padded positions; None without padding."""
+        return None if self.padding is None else self.padding.invalid
+
+    @property
+    def knn_scale(self) -> Optional[torch.Tensor]:
+        """(G, 1) kNN-mean rescale of short windows, or None."""
+        return None if self.padding is None else self.padding.knn_scale
+
+    def cut(self, sl: slice) -> 'Windows':
+        """The windows ``sl`` of these (one block of them)."""
         if sl == slice(0, None):
             return self
+        padding = self.padding
+        if padding is not None:
+            padding = Padding(padding.invalid[sl], None if padding.knn_scale
+                              is None else padding.knn_scale[sl])
+        return Windows(self.ones[sl], self.positions, self.inf, padding,
+                       None if self.center_slots is None else
+                       self.center_slots[:, sl])
 
-        def cut(t, dim=0):
-            return None if t is None else t[sl] if dim == 0 else t[:, sl]
-        # the constructor, not _replace: dynamo of torch 2.1 cannot inline it
-        return WindowBatch(cut(self.invalid), cut(self.knn_scale),
-                           cut(self.ones), cut(self.center_valid, 1),
-                           *self[4:])
+
+@dataclass(frozen=True)
+class GroupConsts:
+    """One window group for one batch size: its :class:`Windows` and
+    ``offsets`` (S', 1, windows, 1), the id of each window's first cluster
+    per clustered scale."""
+    windows: Windows
+    offsets: torch.Tensor
 
 
-class LayoutBatch(NamedTuple):
-    """A layout's constants for one batch size: one :class:`WindowBatch`
-    per window group, and ``merge_rows`` (S, B, 1) and ``merge_zeros``
-    (rows, C + 1) for ``token_clustering._cluster_sums``."""
-    groups: Tuple[WindowBatch, ...]
+@dataclass(frozen=True)
+class BatchConsts:
+    """A layout's constants for one batch size: one :class:`GroupConsts`
+    per window group; ``merge_rows`` (S', B, 1) (:func:`merge_rows`) and
+    ``merge_zeros`` (rows, C + 1) for the merge."""
+    groups: Tuple[GroupConsts, ...]
     merge_rows: torch.Tensor
     merge_zeros: torch.Tensor
+
+
+class ClusterIds(NamedTuple):
+    """The cluster of every token, per scale.
+
+    ``scales``: per scale (B, N) long ids in ``[0, totals[s])``, numbered
+    window by window (row-major), by center score inside a window;
+    ``arange(N)`` for identity scales. ``clustered``: the clustered scales'
+    ids stacked (S', B, N) (what the merge scatters with), None when no
+    scale is clustered.
+    """
+    scales: List[torch.Tensor]
+    clustered: Optional[torch.Tensor]
 
 
 class WindowGroup(NamedTuple):
@@ -121,6 +153,29 @@ class WindowGroup(NamedTuple):
     counts: List[int]
 
 
+def join(parts: List[torch.Tensor], dim: int = 1) -> torch.Tensor:
+    """Chunks back together (no copy for a single chunk)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
+
+
+def window_tokens(hw: Tuple[int, int], window_size: Optional[int]
+                  ) -> List[int]:
+    """Real tokens of each window of an ``hw`` grid, row-major."""
+    h, w = hw
+    size = window_size or max(h, w)
+    wh, ww = min(size, h), min(size, w)
+    return [min(wh, h - i * wh) * min(ww, w - j * ww)
+            for i in range(-(-h // wh)) for j in range(-(-w // ww))]
+
+
+def cluster_counts(tokens: Sequence[int], sr_ratio: int,
+                   scale_factors: Sequence[int]) -> List[List[int]]:
+    """Per scale, the clusters of each window of ``tokens`` tokens:
+    ``min(f * max(1, n // sr_ratio**2), n)``."""
+    return [[min(f * max(1, n // sr_ratio**2), n) for n in tokens]
+            for f in scale_factors]
+
+
 def _bands(length: int, size: int) -> List[Tuple[int, int, int, int]]:
     """(start, stop, window size, first window) of the full windows along an
     axis, then of the border window if ``size`` does not divide it."""
@@ -134,10 +189,9 @@ def _bands(length: int, size: int) -> List[Tuple[int, int, int, int]]:
 class WindowLayout:
     """How a stage's token grid is tiled by clustering windows.
 
-    Built once per grid size and plan (by
-    :class:`~.token_clustering.DPCKNNClustering`);
-    everything a forward pass needs besides the tokens is precomputed here,
-    on ``device``.
+    Built once per grid size and plan (by the reducer); everything a
+    forward pass needs besides the tokens is precomputed here, on
+    ``device``.
 
     Args:
         hw: (H, W) of the token grid.
@@ -147,7 +201,8 @@ class WindowLayout:
         device: Device of the precomputed tensors.
         k: Neighbours of the kNN density (windows with fewer tokens get a
             rescaled mean).
-        plan: :class:`ClusteringPlan`; None: :func:`plan_for` ``device``.
+        plan: The :class:`ClusteringPlan` (the dispatch's choice for the
+            device, :func:`~.dispatch.choose_backend`).
 
     Attributes:
         window: (h, w) of a full window; grid: windows per (column, row).
@@ -162,29 +217,24 @@ class WindowLayout:
     """
 
     def __init__(self, hw: Tuple[int, int], window_size: Optional[int],
-                 sr_ratio: int, scale_factors: Sequence[int] = (1, 4),
-                 device: Optional[torch.device] = None, k: int = 5,
-                 plan: Optional[ClusteringPlan] = None):
+                 sr_ratio: int, scale_factors: Sequence[int] = CLUSTR_SCALES,
+                 device: Optional[torch.device] = None, k: int = 5, *,
+                 plan: ClusteringPlan):
         # int(): under torch.jit.trace sizes arrive as 0-dim tensors.
         self.hw = (h, w) = (int(hw[0]), int(hw[1]))
         size = window_size or max(h, w)
         self.window = (wh, ww) = (min(size, h), min(size, w))
         self.grid = (gh, gw) = (-(-h // wh), -(-w // ww))
-        self.device, self.k = device, k
-        self.plan = plan or plan_for(device)
-        self.tokens = [min(wh, h - i * wh) * min(ww, w - j * ww)
-                       for i in range(gh) for j in range(gw)]
-        self.counts = []
-        for f in scale_factors:
-            self.counts.append([min(f * max(1, n // sr_ratio**2), n)
-                                for n in self.tokens])
+        self.device, self.k, self.plan = device, k, plan
+        self.tokens = window_tokens(self.hw, window_size)
+        self.counts = cluster_counts(self.tokens, sr_ratio, scale_factors)
         self.totals = [sum(c) for c in self.counts]
         self.identity = [c == self.tokens for c in self.counts]
         self.clustered = [s for s, ident in enumerate(self.identity)
                           if not ident]
         offsets = [[sum(c[:i]) for i in range(len(c))] for c in self.counts]
         self.offsets = torch.tensor(offsets, dtype=torch.long, device=device)
-        if self.plan.pad_windows:
+        if plan.pad_windows:
             bands = ([(0, h, wh, 0)], [(0, w, ww, 0)])
         else:
             bands = (_bands(h, wh), _bands(w, ww))
@@ -212,34 +262,40 @@ class WindowLayout:
             base += len(grp.index) * sh * sw
         self.token_pos = None if gh * gw == 1 else slot.flatten()
         self.token_ids = torch.arange(h * w, device=device)
-        self._batches: Dict[Tuple[int, int], LayoutBatch] = {}
+        self._batches: Dict[Tuple[int, int], BatchConsts] = {}
 
-    def window_batch(self, batch: int, channels: int) -> LayoutBatch:
+    def identity_ids(self, batch: int) -> ClusterIds:
+        """The ids of scales that are not clustered (every token its own
+        cluster), for every scale: what an empty batch gets."""
+        return ClusterIds([self.token_ids.expand(batch, -1)] *
+                          len(self.identity), None)
+
+    def batch_consts(self, batch: int, channels: int) -> BatchConsts:
         """Constants for ``batch`` images of ``channels``, for the
-        :attr:`clustered` scales."""
+        :attr:`clustered` scales (kept, except while tracing)."""
         key = (batch, channels)
         if key in self._batches:
             return self._batches[key]
         dev = self.device
         inf = torch.tensor(float('inf'), device=dev)
-        groups = tuple(self._group_batch(grp, batch, inf)
+        groups = tuple(self._group_consts(grp, batch, inf)
                        for grp in self.groups)
         totals = [self.totals[s] for s in self.clustered]
-        consts = LayoutBatch(
+        consts = BatchConsts(
             groups, merge_rows(batch, totals, dev),
             torch.zeros(batch * sum(totals), channels + 1, device=dev))
         if not is_tracing():
             self._batches[key] = consts
         return consts
 
-    def _group_batch(self, grp: WindowGroup, batch: int,
-                     inf: torch.Tensor) -> WindowBatch:
+    def _group_consts(self, grp: WindowGroup, batch: int,
+                      inf: torch.Tensor) -> GroupConsts:
         (sh, sw), (gh, gw) = grp.window, grp.grid
         (r0, r1), (c0, c1) = grp.rows, grp.cols
         todo = self.clustered
         dev, n = self.device, sh * sw
         positions = torch.arange(n, device=dev)
-        invalid = knn_scale = center_valid = None
+        padding = center_slots = None
         if any(grp.pad):
             r = torch.arange(gh, device=dev)[:, None] * sh + torch.arange(
                 sh, device=dev)
@@ -250,27 +306,29 @@ class WindowLayout:
             invalid = invalid.reshape(gh * gw, n).repeat(batch, 1)
             tokens = [self.tokens[i] for i in grp.index]
             k_eff = min(self.k, n)
+            knn_scale = None
             if min(tokens) < k_eff:
                 knn_scale = torch.tensor(
                     [k_eff / min(k_eff, t) for t in tokens],
                     device=dev).repeat(batch)[:, None]
+            padding = Padding(invalid, knn_scale)
         counts = [[self.counts[s][i] for i in grp.index] for s in todo]
         if len(counts) > 1 or len(set(counts[0])) > 1:
             num = max(max(c) for c in counts)
             cnt = torch.tensor(counts, device=dev)  # (S, windows)
-            center_valid = (positions[:num] < cnt[..., None]).repeat(
+            center_slots = (positions[:num] < cnt[..., None]).repeat(
                 1, batch, 1)
         offsets = self.offsets[list(todo)][:, grp.index][:, None, :, None]
-        return WindowBatch(invalid, knn_scale,
-                           torch.ones(batch * gh * gw, n, 1, device=dev),
-                           center_valid, positions, offsets, inf)
+        windows = Windows(torch.ones(batch * gh * gw, n, 1, device=dev),
+                          positions, inf, padding, center_slots)
+        return GroupConsts(windows, offsets)
 
 
 def merge_rows(batch: int, totals: Sequence[int],
                device: Optional[torch.device] = None) -> torch.Tensor:
-    """(S, B, 1) row of cluster 0 of image b in scale s of
-    ``token_clustering._cluster_sums``:
-    earlier scales' rows + b * totals[s], so one scatter fills every scale."""
+    """(S, B, 1) row of cluster 0 of image b in scale s of the merge's
+    sums: earlier scales' rows + b * totals[s], so one scatter fills every
+    scale."""
     starts = [batch * sum(totals[:t]) for t in range(len(totals))]
     return (torch.tensor(starts, device=device)[:, None] +
             torch.tensor(totals, device=device)[:, None] *

@@ -1,17 +1,16 @@
-"""DPC-kNN in windows: the reference implementation and what every
-implementation shares.
+"""The reference backend: DPC-kNN of G windows as the paper states it,
+and the steps every backend shares.
 
-:func:`dpc_knn_reference` is the algorithm as the paper states it, in five
-steps over whole distance blocks; it is the test oracle and what
-``torch.jit.trace`` (the FLOP counters) records. The fast paths
-(``dpc_knn_blocked``: bounded blocks for CPUs and GPUs without Triton;
-``dpc_knn_fused``: a Triton kernel that never writes the distance block)
-give the same clusters. ``token_clustering`` chooses among them.
+:func:`dpc_knn_reference` is the algorithm in the paper's five steps over
+whole distance blocks; it is the test oracle and what ``torch.jit.trace``
+(the FLOP counters) records. The other backends (:mod:`.blocked`: bounded
+blocks for CPUs and GPUs without Triton; :mod:`.fused`: Triton kernels that
+never write the distance block) call the same steps and give the same
+clusters; :mod:`.dispatch` chooses among them.
 
-All of them take G windows of n tokens, ``x`` (G, n, C) fp32 with zeros at
-padded positions, and the window constants of
-:class:`~.window_layout.WindowBatch`; a padded position is infinitely far
-from everything and less dense than any token.
+Every backend takes G windows of n tokens, ``x`` (G, n, C) fp32 with zeros
+at padded positions, and their :class:`~.common.Windows`; a padded position
+is infinitely far from everything and less dense than any token.
 
 Ties. Distances come from one GEMM, ``|a|^2 + |b|^2 - 2 a.b``, whose
 round-off depends on how the GEMM is blocked, hence on the batch. So that
@@ -28,6 +27,9 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
+from .common import TRACE_PLAN, ClusteringPlan, Windows
+
+NAME = 'reference'
 
 PRECISIONS = ('ieee', 'tf32x3')
 
@@ -123,7 +125,7 @@ def first_duplicate(d: torch.Tensor, tie: torch.Tensor) -> torch.Tensor:
 
 
 def density(knn_d: torch.Tensor, tie: torch.Tensor, channels: int,
-            consts, first: torch.Tensor) -> torch.Tensor:
+            windows: Windows, first: torch.Tensor) -> torch.Tensor:
     """Step 2: rho = exp(-mean of the k smallest squared distances / C).
 
     ``knn_d`` (G, n, k) ascending; +inf entries (windows with fewer than k
@@ -133,20 +135,20 @@ def density(knn_d: torch.Tensor, tie: torch.Tensor, channels: int,
     are the same tokens, but round-off could still rank them apart.
     Padding is least dense (-1).
     """
-    if consts.knn_scale is not None:
+    if windows.knn_scale is not None:
         knn_d = knn_d.nan_to_num(posinf=0.0)
     mean = snap_ties(knn_d, tie[..., None]).mean(-1)
-    if consts.knn_scale is not None:
-        mean = mean * consts.knn_scale
+    if windows.knn_scale is not None:
+        mean = mean * windows.knn_scale
     rho = torch.exp(mean.div_(-channels)).gather(1, first)  # exp(-mean / C)
-    if consts.invalid is not None:
-        rho = rho.masked_fill_(consts.invalid, -1.0)
+    if windows.invalid is not None:
+        rho = rho.masked_fill_(windows.invalid, -1.0)
     return rho
 
 
 def centers_by_score(rho: torch.Tensor, delta2: torch.Tensor,
                      dmax2: torch.Tensor, tie: torch.Tensor, channels: int,
-                     num: int, consts) -> torch.Tensor:
+                     num: int, windows: Windows) -> torch.Tensor:
     """Step 4: score = rho * delta, the ``num`` best tokens (G, num).
 
     ``delta2`` (G, n): squared distance to the nearest denser token (+inf for
@@ -154,15 +156,15 @@ def centers_by_score(rho: torch.Tensor, delta2: torch.Tensor,
     """
     delta2 = snap_ties(torch.minimum(delta2, dmax2[:, None]), tie)
     score = rho * delta2.div_(channels).sqrt_()
-    if consts.invalid is not None:
-        score = score.masked_fill_(consts.invalid, float('-inf'))
+    if windows.invalid is not None:
+        score = score.masked_fill_(windows.invalid, float('-inf'))
     return torch.sort(score, dim=1, descending=True,
                       stable=True).indices[:, :num]
 
 
 def nearest_center(dist: torch.Tensor, tie: torch.Tensor,
                    centers: torch.Tensor, rows: torch.Tensor,
-                   counts: Sequence[int], consts) -> torch.Tensor:
+                   counts: Sequence[int], windows: Windows) -> torch.Tensor:
     """Step 5: (G, r, K) squared distances of r tokens to the centers ->
     (S, G, r) index of the nearest center per scale.
 
@@ -174,10 +176,10 @@ def nearest_center(dist: torch.Tensor, tie: torch.Tensor,
     dist = snap_ties(dist, tie[..., None])
     dist = dist.masked_fill_(centers[:, None, :] == rows[:, None],
                              float('-inf'))
-    if len(counts) == 1 and consts.center_valid is None:
+    if len(counts) == 1 and windows.center_slots is None:
         return dist[..., :counts[0]].argmin(-1)[None]
-    return torch.where(consts.center_valid[:, :, None, :], dist,
-                       consts.inf).argmin(-1)
+    return torch.where(windows.center_slots[:, :, None, :], dist,
+                       windows.inf).argmin(-1)
 
 
 def gather_columns(cols: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -186,7 +188,8 @@ def gather_columns(cols: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def dpc_knn_reference(x: torch.Tensor, counts: Sequence[int], k: int,
-                      consts, emulate: str = 'ieee') -> torch.Tensor:
+                      windows: Windows, emulate: str = 'ieee'
+                      ) -> torch.Tensor:
     """DPC-kNN of G windows in the paper's five steps, whole blocks.
 
     Args:
@@ -194,7 +197,7 @@ def dpc_knn_reference(x: torch.Tensor, counts: Sequence[int], k: int,
         counts: Clusters per scale (the most any window gets); scale s uses
             the first ``counts[s]`` centers, so the scales are nested.
         k: Neighbours of the density (the token itself included).
-        consts: The windows' :class:`~.window_layout.WindowBatch`.
+        windows: The windows' :class:`~.common.Windows`.
         emulate: 'tf32x3' computes step 1's distances with
             :func:`tf32x3_bmm` and the tie threshold of that precision,
             like the fused op in that mode (the precision check,
@@ -208,15 +211,15 @@ def dpc_knn_reference(x: torch.Tensor, counts: Sequence[int], k: int,
     g, n, c = x.shape
     inf = float('inf')
     # 1. Pairwise squared distances (padding: +inf; self: exactly 0).
-    rows, cols, tie = augment(x, consts.ones, consts.invalid, emulate)
+    rows, cols, tie = augment(x, windows.ones, windows.invalid, emulate)
     d2 = (tf32x3_bmm if emulate == 'tf32x3' else torch.bmm)(rows, cols)
     d2.diagonal(dim1=1, dim2=2).zero_()
     # The window's largest distance (the densest token's delta).
-    finite = d2 if consts.invalid is None else d2.nan_to_num(posinf=0.0)
+    finite = d2 if windows.invalid is None else d2.nan_to_num(posinf=0.0)
     dmax2 = finite.amax((1, 2))
     # 2. Density from the k nearest, the token itself included.
     knn_d = d2.topk(min(k, n), dim=-1, largest=False).values
-    rho = density(knn_d, tie, c, consts, first_duplicate(d2, tie))
+    rho = density(knn_d, tie, c, windows, first_duplicate(d2, tie))
     # 3. Distance to the nearest denser token; equal densities: the lower
     # index is denser.
     order = torch.sort(rho, dim=1, descending=True, stable=True).indices
@@ -225,8 +228,25 @@ def dpc_knn_reference(x: torch.Tensor, counts: Sequence[int], k: int,
     delta2 = d2.masked_fill(not_denser, inf).amin(-1)
     # 4. Score and centers.
     centers = centers_by_score(rho, delta2, dmax2, tie, c, max(counts),
-                               consts)
+                               windows)
     # 5. Every token joins its nearest center.
     dist = torch.bmm(rows, gather_columns(cols, centers))
-    return nearest_center(dist, tie, centers, consts.positions, counts,
-                          consts)
+    return nearest_center(dist, tie, centers, windows.positions, counts,
+                          windows)
+
+
+def why_not(device: Optional[torch.device]) -> Optional[str]:
+    """None: the reference runs everywhere (the last backend tried)."""
+    return None
+
+
+def plan_for(device: Optional[torch.device]) -> ClusteringPlan:
+    """Whole, unpadded windows: the algorithm's GEMMs and nothing else."""
+    return TRACE_PLAN
+
+
+def run(x: torch.Tensor, counts: Sequence[int], k: int, windows: Windows,
+        plan: ClusteringPlan) -> torch.Tensor:
+    """The backend call (see :mod:`.dispatch`): :func:`dpc_knn_reference`
+    in IEEE fp32 (the plan's layout is already in ``windows``)."""
+    return dpc_knn_reference(x, counts, k, windows)

@@ -1,5 +1,6 @@
-"""DPC-kNN in bounded distance blocks: the fast path of CPUs (and of GPUs
-without Triton). Same clusters as :func:`~.dpc_knn.dpc_knn_reference`.
+"""The blocked backend: DPC-kNN in bounded distance blocks, the fast path
+of CPUs (and of GPUs without Triton). Same clusters as
+:func:`~.reference.dpc_knn_reference`, from the same steps.
 
 * The distance block of a call holds at most ``max_chunk_elems`` elements:
   when the windows' whole blocks exceed it, rows are taken in blocks. Then
@@ -11,13 +12,17 @@ without Triton). Same clusters as :func:`~.dpc_knn.dpc_knn_reference`.
 """
 import math
 import threading
-from typing import List, Sequence
+from typing import Optional, Sequence
 
 import torch
 
-from .dpc_knn import (augment, centers_by_score, density, first_duplicate,
-                      gather_columns, nearest_center)
-from .graph_safety import is_tracing
+from ..graph_safety import is_tracing
+from .common import (ACCELERATOR_PLAN, CPU_PLAN, ClusteringPlan, Windows,
+                     join)
+from .reference import (augment, centers_by_score, density, first_duplicate,
+                        gather_columns, nearest_center)
+
+NAME = 'blocked'
 
 _scratch = threading.local()
 _SCRATCH_LIMIT = 1 << 24  # elements (64 MB) a CPU thread may keep for reuse
@@ -45,12 +50,7 @@ def _distance_chunk(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.bmm(a, b, out=buf[:numel].view(shape))
 
 
-def _cat(parts: List[torch.Tensor], dim: int = 1) -> torch.Tensor:
-    """Chunks back together (no copy for a single chunk)."""
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
-
-
-def _k_smallest(d: torch.Tensor, k: int, block: int = 64) -> torch.Tensor:
+def k_smallest(d: torch.Tensor, k: int, block: int = 64) -> torch.Tensor:
     """``d.topk(k, largest=False).values`` along the last dim, with fewer
     comparisons on long rows.
 
@@ -72,22 +72,48 @@ def _k_smallest(d: torch.Tensor, k: int, block: int = 64) -> torch.Tensor:
     return cand.topk(k, dim=-1, largest=False).values
 
 
-def dpc_knn_blocked(x: torch.Tensor, counts: Sequence[int], k: int, consts,
-                    max_chunk_elems: int, blocked_knn: bool) -> torch.Tensor:
+def why_not(device: Optional[torch.device]) -> Optional[str]:
+    """Why the dispatch does not choose this backend on ``device`` (None:
+    it does)."""
+    if torch.jit.is_tracing():
+        return ('torch.jit.trace is recording: the trace records the '
+                "reference's GEMMs")
+    return None
+
+
+def plan_for(device: Optional[torch.device]) -> ClusteringPlan:
+    """The CPU plan (small blocks, one call per window shape, the blocked
+    kNN) on the CPU; the accelerator plan (large blocks, padded windows)
+    elsewhere (see :mod:`.common`)."""
+    return CPU_PLAN if device is None or device.type == 'cpu' else (
+        ACCELERATOR_PLAN)
+
+
+def run(x: torch.Tensor, counts: Sequence[int], k: int, windows: Windows,
+        plan: ClusteringPlan) -> torch.Tensor:
+    """The backend call (see :mod:`.dispatch`): :func:`dpc_knn_blocked`
+    with the plan's block budget and kNN."""
+    return dpc_knn_blocked(x, counts, k, windows, plan.max_chunk_elems,
+                           plan.blocked_knn)
+
+
+def dpc_knn_blocked(x: torch.Tensor, counts: Sequence[int], k: int,
+                    windows: Windows, max_chunk_elems: int,
+                    blocked_knn: bool) -> torch.Tensor:
     """DPC-kNN of G windows (arguments and result as
-    :func:`~.dpc_knn.dpc_knn_reference`) in blocks of at most
+    :func:`~.reference.dpc_knn_reference`) in blocks of at most
     ``max_chunk_elems`` distances."""
     g, n, c = x.shape
     k_eff = min(k, n)
     inf = float('inf')
-    invalid = consts.invalid
-    rows, cols, tie = augment(x, consts.ones, invalid)
+    invalid = windows.invalid
+    rows, cols, tie = augment(x, windows.ones, invalid)
     # Rows of one block; < n when the windows' whole blocks exceed the budget.
     step = n if g * n * n <= max_chunk_elems else max(
         1, max_chunk_elems // (g * n))
 
     def knn(d):
-        return (_k_smallest(d, k_eff) if blocked_knn else
+        return (k_smallest(d, k_eff) if blocked_knn else
                 d.topk(k_eff, dim=-1, largest=False).values)
 
     # Pass 1: the k nearest (self included) per token, the largest distance.
@@ -101,9 +127,9 @@ def dpc_knn_blocked(x: torch.Tensor, counts: Sequence[int], k: int, consts,
             d = d.nan_to_num_(posinf=0.0)
         row_max.append(d.amax((1, 2))[:, None] if step >= n else d.amax(-1))
         whole = d if step >= n else None
-    row_max = _cat(row_max)
+    row_max = join(row_max)
     dmax2 = row_max[:, 0] if row_max.shape[1] == 1 else row_max.amax(-1)
-    rho = density(_cat(knn_d), tie, c, consts, _cat(first))
+    rho = density(join(knn_d), tie, c, windows, join(first))
 
     # Density order, ties to the lower index; "denser" = earlier in order.
     order = torch.sort(rho, dim=1, descending=True, stable=True).indices
@@ -115,16 +141,16 @@ def dpc_knn_blocked(x: torch.Tensor, counts: Sequence[int], k: int, consts,
         delta2 = whole.masked_fill_(rank[:, None, :] >= rank[:, :, None],
                                     inf).amin(-1)
     else:
-        delta2 = _nearest_denser(rows, cols, order, step, consts.positions)
+        delta2 = _nearest_denser(rows, cols, order, step, windows.positions)
     centers = centers_by_score(rho, delta2, dmax2, tie, c, max(counts),
-                               consts)
+                               windows)
 
     # Every token joins its nearest center, row block by row block.
     center_cols = gather_columns(cols, centers)
-    return _cat([
+    return join([
         nearest_center(torch.bmm(rows[:, r0:r0 + step], center_cols),
                        tie[:, r0:r0 + step], centers,
-                       consts.positions[r0:r0 + step], counts, consts)
+                       windows.positions[r0:r0 + step], counts, windows)
         for r0 in range(0, n, step)], 2)
 
 
@@ -148,5 +174,5 @@ def _nearest_denser(rows: torch.Tensor, cols: torch.Tensor,
         r = d.shape[1]
         d[..., r0:].masked_fill_(later[:r, :r], float('inf'))
         parts.append(d.amin(-1))
-    by_order = _cat(parts)  # back from density order to token order
+    by_order = join(parts)  # back from density order to token order
     return torch.empty_like(by_order).scatter_(1, order, by_order)

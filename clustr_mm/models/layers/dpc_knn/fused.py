@@ -1,5 +1,6 @@
-"""DPC-kNN as one custom op, with Triton kernels that never write the
-distance block (the remedy FlashAttention made for attention).
+"""The fused backend: DPC-kNN as one custom op, with Triton kernels that
+never write the distance block (the remedy FlashAttention made for
+attention).
 
 * Pass 1 (:func:`_knn_kernel`, :func:`_merge_kernel`): each row keeps its
   k smallest squared distances (self included), its largest distance to a
@@ -12,33 +13,49 @@ distance block (the remedy FlashAttention made for attention).
   row block scans only the columns before it (the denser tokens): the
   smallest squared distance to a denser token.
 * Pass 3, the nearest center, is small (n x K) and runs in torch, as do the
-  steps between the passes (:mod:`~.dpc_knn`).
+  steps between the passes (:mod:`.reference`).
 
 Distances are fp32 with IEEE products by default (``input_precision='ieee'``:
-never TF32), ``|a|^2 + |b|^2 - 2 a.b`` like the other implementations, ties
-broken alike (:mod:`~.dpc_knn`). ``precision='tf32x3'`` (opt in) makes the
+never TF32), ``|a|^2 + |b|^2 - 2 a.b`` like the other backends, ties
+broken alike (:mod:`.reference`). ``precision='tf32x3'`` (opt in) makes the
 kernels' products 3xTF32 on tensor cores (hi*hi + hi*lo + lo*hi, tf32
 halves of each fp32 operand) with the tie threshold of that precision
-(:func:`~.dpc_knn.tie_tolerance`); pass 3 stays IEEE fp32. Padded
+(:func:`~.reference.tie_tolerance`); pass 3 stays IEEE fp32. Padded
 positions are infinitely far and least dense. The whole clustering of a
 window group is the op ``torch.ops.clustr_mm.dpc_knn``
 (``torch.library.custom_op``, torch >= 2.4):
 ``torch.compile(fullgraph=True)``, CUDA graphs and the op census see one op;
-it has a fake implementation for shapes and a FLOP formula. On tensors that
-are not on CUDA the op runs the blocked implementation, unless Triton's
-interpreter is on (``TRITON_INTERPRET=1`` before this module is imported),
-which runs the kernels on the CPU for tests.
+it has a fake implementation for shapes and a FLOP formula.
+
+The dispatch chooses this backend by itself only for CUDA tensors with
+Triton and ``custom_op`` (:func:`why_not`). A plan that names it (e.g. the
+op census counting the CUDA path on a CPU) runs the op anywhere: on tensors
+that are not on CUDA the op computes with the blocked backend under
+:data:`~.common.FUSED_PLAN`, unless Triton's interpreter is on
+(``TRITON_INTERPRET=1`` before this module is imported), which runs the
+kernels on the CPU for tests.
 """
+import os
 from typing import List, Optional, Sequence
 
 import torch
 
-from .dpc_knn import (augment, centers_by_score, check_precision, density,
-                      gather_columns)
-from .dpc_knn import nearest_center
-from .dpc_knn_blocked import dpc_knn_blocked
-from .fused_support import HAS_CUSTOM_OP, INTERPRET, tl, triton
-from .window_layout import WindowBatch
+from . import blocked
+from .common import FUSED_PLAN, ClusteringPlan, Padding, Windows
+from .reference import (augment, centers_by_score, check_precision, density,
+                        gather_columns, nearest_center)
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only builds of torch, or no triton
+    triton = tl = None
+
+NAME = 'fused'
+HAS_CUSTOM_OP = hasattr(torch.library, 'custom_op')
+# Triton's interpreter runs the kernels on the CPU (tests); it must be on
+# before the kernels are defined.
+INTERPRET = os.environ.get('TRITON_INTERPRET') == '1'
 
 # Tiles: BLOCK x BLOCK distances (square: pass 1 uses a tile for its rows
 # and its columns), BLOCK_C channels per product step.
@@ -263,18 +280,18 @@ def _knn_pass(x: torch.Tensor, sq: torch.Tensor, ok: torch.Tensor,
 
 
 def _triton_passes(x: torch.Tensor, counts: Sequence[int], k: int,
-                   consts, precision: str) -> torch.Tensor:
+                   windows: Windows, precision: str) -> torch.Tensor:
     """The fused implementation: kernels for passes 1 and 2, torch between
     and for the nearest center."""
     g, n, c = x.shape
     x = x.contiguous()
-    rows_aug, cols_aug, tie = augment(x, consts.ones, consts.invalid,
+    rows_aug, cols_aug, tie = augment(x, windows.ones, windows.invalid,
                                       precision)
     sq = x.pow(2).sum(-1)
-    ok = (torch.ones_like(sq, dtype=torch.int8) if consts.invalid is None
-          else (~consts.invalid).to(torch.int8))
+    ok = (torch.ones_like(sq, dtype=torch.int8) if windows.invalid is None
+          else (~windows.invalid).to(torch.int8))
     knn_d, rowmax, first = _knn_pass(x, sq, ok, tie, min(k, n), precision)
-    rho = density(knn_d, tie, c, consts, first.long())
+    rho = density(knn_d, tie, c, windows, first.long())
     order = torch.sort(rho, dim=1, descending=True, stable=True).indices
     xo = x.gather(1, order[..., None].expand(-1, -1, c))
     by_order = x.new_empty(g, n)
@@ -284,10 +301,10 @@ def _triton_passes(x: torch.Tensor, counts: Sequence[int], k: int,
         num_warps=DENSER_WARPS)
     delta2 = torch.empty_like(by_order).scatter_(1, order, by_order)
     centers = centers_by_score(rho, delta2, rowmax.amax(-1), tie, c,
-                               max(counts), consts)
+                               max(counts), windows)
     dist = torch.bmm(rows_aug, gather_columns(cols_aug, centers))
-    return nearest_center(dist, tie, centers, consts.positions, counts,
-                          consts)
+    return nearest_center(dist, tie, centers, windows.positions, counts,
+                          windows)
 
 
 def _dpc_knn(x: torch.Tensor, invalid: Optional[torch.Tensor],
@@ -295,14 +312,15 @@ def _dpc_knn(x: torch.Tensor, invalid: Optional[torch.Tensor],
              center_valid: Optional[torch.Tensor], counts: List[int],
              k: int, precision: str) -> torch.Tensor:
     g, n, _ = x.shape
-    # the window constants the implementations read (no id offsets here)
-    consts = WindowBatch(invalid, knn_scale, x.new_ones(g, n, 1),
-                         center_valid, torch.arange(n, device=x.device),
-                         None, x.new_tensor(float('inf')))
+    windows = Windows(x.new_ones(g, n, 1), torch.arange(n, device=x.device),
+                      x.new_tensor(float('inf')),
+                      None if invalid is None else Padding(invalid, knn_scale),
+                      center_valid)
     if triton is not None and (x.is_cuda or INTERPRET):
-        return _triton_passes(x, counts, k, consts, precision)
-    # the blocked path is IEEE fp32 whatever the precision asked for
-    return dpc_knn_blocked(x, counts, k, consts, 1 << 28, False)
+        return _triton_passes(x, counts, k, windows, precision)
+    # where the kernels cannot run: the blocked backend (IEEE fp32 whatever
+    # the precision asked for) under the fused plan's budget
+    return blocked.run(x, counts, k, windows, FUSED_PLAN)
 
 
 def dpc_knn_flops(g: int, n: int, c: int, centers: int) -> int:
@@ -338,15 +356,45 @@ if HAS_CUSTOM_OP:
             return dpc_knn_flops(g, n, c, max(counts))
 
 
+def why_not(device: Optional[torch.device]) -> Optional[str]:
+    """Why the dispatch does not choose this backend on ``device`` (None:
+    it does)."""
+    if torch.jit.is_tracing():
+        return ('torch.jit.trace is recording: the trace records the '
+                "reference's GEMMs")
+    if device is None or device.type != 'cuda':
+        kind = 'cpu' if device is None else device.type
+        return f'tensors on {kind}: the kernels run on CUDA'
+    if triton is None:
+        return 'triton is not installed'
+    if not HAS_CUSTOM_OP:
+        return 'torch.library.custom_op is missing (torch < 2.4)'
+    if not torch.cuda.is_available():
+        return 'CUDA is not available'
+    return None
+
+
+def plan_for(device: Optional[torch.device]) -> ClusteringPlan:
+    """One op per window group, border windows padded."""
+    return FUSED_PLAN
+
+
+def run(x: torch.Tensor, counts: Sequence[int], k: int, windows: Windows,
+        plan: ClusteringPlan) -> torch.Tensor:
+    """The backend call (see :mod:`.dispatch`): :func:`dpc_knn_fused` in
+    the plan's precision."""
+    return dpc_knn_fused(x, counts, k, windows, plan.precision)
+
+
 def dpc_knn_fused(x: torch.Tensor, counts: Sequence[int], k: int,
-                  consts, precision: str = 'ieee') -> torch.Tensor:
+                  windows: Windows, precision: str = 'ieee') -> torch.Tensor:
     """(S, G, n) ids of G windows (as
-    :func:`~.dpc_knn.dpc_knn_reference`) by the fused op, or by the same
+    :func:`~.reference.dpc_knn_reference`) by the fused op, or by the same
     code called directly where torch has no ``custom_op``. ``precision``:
     the kernels' products, 'ieee' (exact fp32) or 'tf32x3' (see the module
     docstring); where the kernels do not run (no CUDA tensor, no
     interpreter) the blocked fp32 path runs and it has no effect."""
     check_precision(precision)
-    run = torch.ops.clustr_mm.dpc_knn if HAS_CUSTOM_OP else _dpc_knn
-    return run(x, consts.invalid, consts.knn_scale, consts.center_valid,
-               list(counts), k, precision)
+    run_op = torch.ops.clustr_mm.dpc_knn if HAS_CUSTOM_OP else _dpc_knn
+    return run_op(x, windows.invalid, windows.knn_scale,
+                  windows.center_slots, list(counts), k, precision)

@@ -1,0 +1,244 @@
+"""ClusTR's key/value reducer: DPC-kNN clusters of the tokens, merged with
+the tokens' learned weights.
+
+The paper's three ideas are the three calls of :meth:`DPCKNN.forward`:
+
+1. ``self.layout(hw, device)``: the grid cut into clustering windows and
+   each window's cluster counts (:class:`~.common.WindowLayout`, built once
+   per size), with the backend the dispatch chose for the device;
+2. :func:`~.dispatch.assign_clusters`: density-peak centers, each token to
+   its nearest center (the backends; :func:`~.reference.dpc_knn_reference`
+   is the algorithm step by step);
+3. :func:`merge_clusters`: the ``w``-weighted mean of each cluster's
+   members.
+
+The algorithm follows the official code (``shared/reference/clustr.md`` of
+the project's notes) with three deliberate differences: ties are broken by
+token index instead of random noise (deterministic; identical tokens are
+exactly 0 apart whatever the batch, see :mod:`.reference`), it always runs
+in fp32 without gradient, and the distance block is bounded. Every shape
+follows from the input size alone: no host synchronisation, and
+``torch.compile`` / CUDA graphs / ``torch.jit.trace`` can capture it.
+
+Clustering runs inside *windows* of the stage's token grid. Exact mode
+(``window_size=None``) is one window = the whole grid, i.e. the official
+per-image DPC-kNN. Window mode tiles the grid with ``min(s, H) x min(s, W)``
+windows from the top-left; cluster tokens of all windows are concatenated
+(row-major over windows), so keys/values stay global.
+
+Cluster counts: a window of ``n`` tokens gets ``m = max(1, n // sr_ratio**2)``
+clusters for the coarse scale and ``min(4 * m, n)`` for the fine one
+(``scale_factors=CLUSTR_SCALES``, (1, 4)). A full default window thus gets
+the ImageNet counts of its stage (49 and 196 with 56 x 56 tokens at stride
+4); a border window of e.g. 56 x 16 tokens at stride 4 gets 14 and 56.
+"""
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from ....registry import register_model
+from ..graph_safety import is_tracing
+from ..token_reducer import Grid, Reduction, TokenReducer
+from .common import (CLUSTR_SCALES, ClusteringPlan, ClusterIds,
+                     WindowLayout, cluster_counts, join, window_tokens)
+from .dispatch import Choice, assign_clusters, choose_backend
+from .reference import check_precision
+
+
+def merge_clusters(x: torch.Tensor, w: torch.Tensor, ids: ClusterIds,
+                   layout: WindowLayout,
+                   dtype: Optional[torch.dtype] = None) -> List[torch.Tensor]:
+    """Per scale, the w-weighted mean of each cluster's members
+    (normaliser + 1e-6): (B, totals[s], C), differentiable w.r.t. ``x``
+    and ``w``.
+
+    Args:
+        x: (B, N, C) tokens; w: (B, N, 1) positive token weights; both used
+            in fp32 (without autocast).
+        ids: The tokens' clusters (:func:`~.dispatch.assign_clusters`).
+        layout: The layout ``ids`` were assigned under.
+        dtype: Of the result; None: ``x``'s.
+
+    An identity scale (every token its own cluster, e.g. the fine scale of
+    stage 3 at 224x224) gets the tokens scaled by ``w / (w + 1e-6)``, which
+    is what the merge gives for singleton clusters.
+    """
+    b, n, c = x.shape
+    dtype = dtype or x.dtype
+    if not b:  # empty batch (a size, not data: no sync)
+        return [x.new_zeros(0, m, c, dtype=dtype) for m in layout.totals]
+    todo = layout.clustered
+    with torch.autocast(x.device.type, enabled=False):
+        x, w = x.float(), w.float()
+        weighted = torch.cat([x * w, w], -1)
+        # Identity scales are singleton clusters: their sums are the
+        # weighted tokens themselves, normalised along with the rest.
+        sums, sizes = [], []
+        if ids.clustered is not None:
+            consts = layout.batch_consts(b, c)
+            src = weighted
+            if len(todo) > 1:
+                src = src.expand(len(todo), *weighted.shape)
+            # numerators and denominators of every scale in one index_add
+            sums.append(consts.merge_zeros.index_add(
+                0, (ids.clustered + consts.merge_rows).reshape(-1),
+                src.reshape(-1, c + 1)))
+            sizes += [b * layout.totals[s] for s in todo]
+        if len(todo) < len(layout.identity):
+            sums.append(weighted.reshape(-1, c + 1))
+            sizes.append(b * n)
+        sums = join(sums, 0)
+        merged = (sums[:, :c] / (sums[:, c:] + 1e-6)).to(dtype)
+        parts, start = [], 0
+        for size in sizes:
+            parts.append(merged[start:start + size].view(b, size // b, c))
+            start += size
+    out = [parts[-1]] * len(layout.identity)  # the identity scales'
+    for s, part in zip(todo, parts):
+        out[s] = part
+    return out
+
+
+def summary_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype of the cluster tokens of ``x``: under autocast, fp32 tokens
+    give autocast's dtype (what their key/value projections compute in, so
+    the cast happens once for every scale, not once per projection);
+    otherwise ``x``'s."""
+    device = x.device.type
+    if x.dtype != torch.float32:
+        return x.dtype
+    if hasattr(torch, 'get_autocast_dtype'):  # torch >= 2.4
+        if torch.is_autocast_enabled(device):
+            return torch.get_autocast_dtype(device)
+    elif device == 'cpu' and torch.is_autocast_cpu_enabled():
+        return torch.get_autocast_cpu_dtype()
+    elif device == 'cuda' and torch.is_autocast_enabled():
+        return torch.get_autocast_gpu_dtype()
+    return x.dtype
+
+
+@register_model
+class DPCKNN(TokenReducer):
+    """ClusTR's reducer: DPC-kNN clusters, w-weighted mean of the members.
+
+    Has no parameters. The clustering runs without gradient in fp32;
+    gradients reach the summary through the merge (tokens and weights).
+    Without ``weights`` the merge is the plain mean.
+
+    Args:
+        sr_ratio (int): Reduction ratio r; coarse count ``n // r**2`` per
+            window of n tokens.
+        scale_factors (Sequence[int]): Count multiplier per scale;
+            :data:`~.common.CLUSTR_SCALES` (1, 4) is ClusTR's two nested
+            scales, (1, ) its single-scale ablation.
+        k (int): Neighbours of the kNN density (the token itself included).
+            Default 5.
+        window_size (int, optional): Clustering window side in tokens; None
+            is exact mode (one window per image, the official algorithm).
+        max_chunk_elems (int, optional): Largest distance chunk, in
+            elements; bounds the clustering's memory. Default None: the
+            plan's (2**20 on the CPU, 2**28 elsewhere).
+        plan (ClusteringPlan, optional): Backend and layout; None: the
+            dispatch's choice for the device (:meth:`backend`). Also an
+            attribute (:func:`use_plan`), e.g. for the op census to count
+            the CUDA path on a CPU.
+        precision (str): The fused kernels' distance products: 'ieee'
+            (default, exact fp32) or 'tf32x3' (opt in: 3xTF32 on tensor
+            cores, a wider tie threshold; docs/backbones.md). Goes into the
+            plan (a ``plan`` given here must agree with it); the reference
+            and blocked backends are IEEE fp32 and ignore it.
+    """
+    uses_token_weights = True
+    fp32 = True
+
+    def __init__(self, sr_ratio: int,
+                 scale_factors: Sequence[int] = CLUSTR_SCALES, k: int = 5,
+                 window_size: Optional[int] = None,
+                 max_chunk_elems: Optional[int] = None,
+                 plan: Optional[ClusteringPlan] = None,
+                 precision: str = 'ieee'):
+        super().__init__()
+        if window_size is not None and window_size < 1:
+            raise ValueError(f'window_size must be >= 1, got {window_size}')
+        self.sr_ratio = sr_ratio
+        self.scale_factors = tuple(scale_factors)
+        self.k = k
+        self.window_size = window_size
+        self.max_chunk_elems = max_chunk_elems
+        self.plan = plan
+        self.precision = check_precision(precision)
+        if plan is not None and plan.precision != self.precision:
+            # the reducer's precision goes into whatever plan runs: a
+            # different one in the plan would be silently replaced
+            raise ValueError(
+                f'plan.precision {plan.precision!r} and precision '
+                f'{precision!r} disagree: set the precision with the '
+                'precision argument')
+        self._layout = None  # (key, WindowLayout) of the last grid seen
+
+    @property
+    def num_scales(self) -> int:
+        return len(self.scale_factors)
+
+    def num_tokens(self, hw: Grid) -> List[int]:
+        tokens = window_tokens((int(hw[0]), int(hw[1])), self.window_size)
+        return [sum(c) for c in cluster_counts(tokens, self.sr_ratio,
+                                               self.scale_factors)]
+
+    def backend(self, device: Optional[torch.device]) -> Choice:
+        """Which backend clusters on ``device``, with the plan it runs and
+        why each faster backend was not taken (:func:`choose_backend`)."""
+        choice = choose_backend(device, self.plan)
+        return choice._replace(plan=choice.plan._replace(
+            precision=self.precision, max_chunk_elems=(
+                self.max_chunk_elems or choice.plan.max_chunk_elems)))
+
+    def layout(self, hw: Tuple[int, int],
+               device: torch.device) -> WindowLayout:
+        """The :class:`~.common.WindowLayout` of an ``hw`` grid under the
+        plan of :meth:`backend`, built once per size (rebuilt, not cached,
+        while tracing or compiling)."""
+        grid, plan = (int(hw[0]), int(hw[1])), self.backend(device).plan
+        if is_tracing():
+            return WindowLayout(grid, self.window_size, self.sr_ratio,
+                                self.scale_factors, device, self.k,
+                                plan=plan)
+        key = (grid, device, plan)
+        if self._layout is None or self._layout[0] != key:
+            self._layout = (key, WindowLayout(
+                grid, self.window_size, self.sr_ratio, self.scale_factors,
+                device, self.k, plan=plan))
+        return self._layout[1]
+
+    def forward(self, x: torch.Tensor, hw: Grid,
+                weights: Optional[torch.Tensor] = None) -> Reduction:
+        """x: (B, N, C) tokens of the ``hw`` grid, weights: (B, N, 1) or
+        None (all 1) -> per scale the cluster tokens (B, M_s, C) and the
+        tokens' cluster ids (B, N). The cluster tokens come in ``x``'s
+        dtype, or under autocast, for fp32 ``x``, in autocast's."""
+        if weights is None:
+            weights = x.new_ones(x.shape[0], x.shape[1], 1)
+        dtype = summary_dtype(x)
+        x = x.float()  # the clustering and the merge run in fp32
+        layout = self.layout(hw, x.device)
+        ids = assign_clusters(x, layout)
+        tokens = merge_clusters(x, weights, ids, layout, dtype)
+        self._keep(ids.scales)
+        return Reduction(tokens, ids.scales)
+
+    def extra_repr(self) -> str:
+        mode = ('exact' if self.window_size is None else
+                f'window {self.window_size}')
+        extra = '' if self.precision == 'ieee' else f', {self.precision}'
+        return (f'sr_ratio={self.sr_ratio}, scales={self.scale_factors}, '
+                f'k={self.k}, {mode}{extra}')
+
+
+def use_plan(model: nn.Module, plan: Optional[ClusteringPlan]) -> None:
+    """Set the :class:`~.common.ClusteringPlan` of every DPC-kNN reducer in
+    ``model`` (None: back to the dispatch's choice); e.g. the op census
+    counts the CUDA path (``FUSED_PLAN``) on a CPU."""
+    for m in model.modules():
+        if isinstance(m, DPCKNN):
+            m.plan = plan
