@@ -3,6 +3,9 @@
 A test that starts a tool (:func:`run_tool`) must be marked
 ``@pytest.mark.slow`` (markers: pytest.ini), so that ``pytest -m "not slow"``
 stays the fast loop; :func:`run_tool` refuses to run in an unmarked test.
+A test marked ``cuda`` (the GPU tier) is skipped, with the reason, where
+torch sees no CUDA device; :data:`ON_DEVICES` runs a test on the CPU and,
+in that tier, on CUDA.
 """
 import importlib.util
 import json
@@ -14,6 +17,23 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+NO_CUDA = ('needs a CUDA device (the GPU tier, pytest -m cuda); '
+           'torch.cuda.is_available() is False here')
+# the same test on the CPU (fast loop) and on CUDA (the GPU tier)
+ON_DEVICES = pytest.mark.parametrize('device', [
+    'cpu', pytest.param('cuda', marks=pytest.mark.cuda)])
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the GPU tier where there is no CUDA device."""
+    import torch
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason=NO_CUDA)
+    for item in items:
+        if item.get_closest_marker('cuda'):
+            item.add_marker(skip)
 
 _current_test = None
 

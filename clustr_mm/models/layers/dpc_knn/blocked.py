@@ -20,7 +20,7 @@ from ..graph_safety import is_tracing
 from .common import (ACCELERATOR_PLAN, CPU_PLAN, ClusteringPlan, Windows,
                      join)
 from .reference import (augment, centers_by_score, density, first_duplicate,
-                        gather_columns, nearest_center)
+                        gather_columns, nearest_center, record)
 
 NAME = 'blocked'
 
@@ -99,8 +99,9 @@ def run(x: torch.Tensor, counts: Sequence[int], k: int, windows: Windows,
 
 def dpc_knn_blocked(x: torch.Tensor, counts: Sequence[int], k: int,
                     windows: Windows, max_chunk_elems: int,
-                    blocked_knn: bool) -> torch.Tensor:
-    """DPC-kNN of G windows (arguments and result as
+                    blocked_knn: bool,
+                    probe: Optional[dict] = None) -> torch.Tensor:
+    """DPC-kNN of G windows (arguments, ``probe`` and result as
     :func:`~.reference.dpc_knn_reference`) in blocks of at most
     ``max_chunk_elems`` distances."""
     g, n, c = x.shape
@@ -129,7 +130,9 @@ def dpc_knn_blocked(x: torch.Tensor, counts: Sequence[int], k: int,
         whole = d if step >= n else None
     row_max = join(row_max)
     dmax2 = row_max[:, 0] if row_max.shape[1] == 1 else row_max.amax(-1)
-    rho = density(join(knn_d), tie, c, windows, join(first))
+    knn_d, first = join(knn_d), join(first)
+    record(probe, knn=knn_d)
+    rho = density(knn_d, tie, c, windows, first)
 
     # Density order, ties to the lower index; "denser" = earlier in order.
     order = torch.sort(rho, dim=1, descending=True, stable=True).indices
@@ -144,6 +147,8 @@ def dpc_knn_blocked(x: torch.Tensor, counts: Sequence[int], k: int,
         delta2 = _nearest_denser(rows, cols, order, step, windows.positions)
     centers = centers_by_score(rho, delta2, dmax2, tie, c, max(counts),
                                windows)
+    record(probe, first=first, rho=rho, delta2=delta2, dmax2=dmax2,
+           centers=centers)
 
     # Every token joins its nearest center, row block by row block.
     center_cols = gather_columns(cols, centers)

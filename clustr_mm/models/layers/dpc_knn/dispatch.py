@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ..graph_safety import is_compiling
-from . import blocked, fused, reference
+from . import blocked, first_use, fused, reference
 from .common import ClusteringPlan, ClusterIds, WindowLayout, join
 
 BACKENDS = (fused, blocked, reference)
@@ -99,6 +99,9 @@ def assign_clusters(x: torch.Tensor, layout: WindowLayout) -> ClusterIds:
     h, w = layout.hw
     plan = layout.plan
     backend = _RUN[plan.kernel]
+    # the fused kernels are checked against the blocked backend on their
+    # first use on a device (first_use)
+    run = first_use.run_checked if backend is fused else backend.run
     budget = plan.max_chunk_elems
     consts = layout.batch_consts(b, c)
     with torch.autocast(x.device.type, enabled=False):
@@ -122,8 +125,8 @@ def assign_clusters(x: torch.Tensor, layout: WindowLayout) -> ClusterIds:
             for g0 in range(0, win.shape[0], per_call):
                 sl = (slice(0, None) if per_call >= win.shape[0] else
                       slice(g0, g0 + per_call))
-                parts.append(backend.run(win[sl], counts, layout.k,
-                                         group.windows.cut(sl), plan))
+                parts.append(run(win[sl], counts, layout.k,
+                                 group.windows.cut(sl), plan))
             local = join(parts, 1)
             if layout.token_pos is None:
                 stacked = local.view(len(todo), b, n_tok)

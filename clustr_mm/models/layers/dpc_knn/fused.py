@@ -43,7 +43,7 @@ import torch
 from . import blocked
 from .common import FUSED_PLAN, ClusteringPlan, Padding, Windows
 from .reference import (augment, centers_by_score, check_precision, density,
-                        gather_columns, nearest_center)
+                        gather_columns, nearest_center, record)
 
 try:
     import triton
@@ -280,9 +280,11 @@ def _knn_pass(x: torch.Tensor, sq: torch.Tensor, ok: torch.Tensor,
 
 
 def _triton_passes(x: torch.Tensor, counts: Sequence[int], k: int,
-                   windows: Windows, precision: str) -> torch.Tensor:
+                   windows: Windows, precision: str,
+                   probe: Optional[dict] = None) -> torch.Tensor:
     """The fused implementation: kernels for passes 1 and 2, torch between
-    and for the nearest center."""
+    and for the nearest center (``probe``: as
+    :func:`~.reference.dpc_knn_reference`'s)."""
     g, n, c = x.shape
     x = x.contiguous()
     rows_aug, cols_aug, tie = augment(x, windows.ones, windows.invalid,
@@ -291,6 +293,7 @@ def _triton_passes(x: torch.Tensor, counts: Sequence[int], k: int,
     ok = (torch.ones_like(sq, dtype=torch.int8) if windows.invalid is None
           else (~windows.invalid).to(torch.int8))
     knn_d, rowmax, first = _knn_pass(x, sq, ok, tie, min(k, n), precision)
+    record(probe, knn=knn_d)
     rho = density(knn_d, tie, c, windows, first.long())
     order = torch.sort(rho, dim=1, descending=True, stable=True).indices
     xo = x.gather(1, order[..., None].expand(-1, -1, c))
@@ -300,11 +303,20 @@ def _triton_passes(x: torch.Tensor, counts: Sequence[int], k: int,
         BLOCK=BLOCK, BLOCK_C=BLOCK_C, PRECISION=precision,
         num_warps=DENSER_WARPS)
     delta2 = torch.empty_like(by_order).scatter_(1, order, by_order)
-    centers = centers_by_score(rho, delta2, rowmax.amax(-1), tie, c,
-                               max(counts), windows)
+    dmax2 = rowmax.amax(-1)
+    centers = centers_by_score(rho, delta2, dmax2, tie, c, max(counts),
+                               windows)
+    record(probe, first=first.long(), rho=rho, delta2=delta2, dmax2=dmax2,
+           centers=centers)
     dist = torch.bmm(rows_aug, gather_columns(cols_aug, centers))
     return nearest_center(dist, tie, centers, windows.positions, counts,
                           windows)
+
+
+def runs_kernels(x: torch.Tensor) -> bool:
+    """Whether the op runs the kernels on ``x`` (a CUDA tensor, or Triton's
+    interpreter on); otherwise it runs the blocked backend."""
+    return triton is not None and (x.is_cuda or INTERPRET)
 
 
 def _dpc_knn(x: torch.Tensor, invalid: Optional[torch.Tensor],
@@ -316,7 +328,7 @@ def _dpc_knn(x: torch.Tensor, invalid: Optional[torch.Tensor],
                       x.new_tensor(float('inf')),
                       None if invalid is None else Padding(invalid, knn_scale),
                       center_valid)
-    if triton is not None and (x.is_cuda or INTERPRET):
+    if runs_kernels(x):
         return _triton_passes(x, counts, k, windows, precision)
     # where the kernels cannot run: the blocked backend (IEEE fp32 whatever
     # the precision asked for) under the fused plan's budget

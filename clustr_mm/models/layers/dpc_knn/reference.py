@@ -187,9 +187,20 @@ def gather_columns(cols: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return cols.gather(2, index[:, None, :].expand(-1, cols.shape[1], -1))
 
 
+def record(probe: Optional[dict], **values: torch.Tensor) -> None:
+    """Copy a backend's intermediate values into ``probe`` (when one is
+    given): ``knn`` (G, n, k) the k smallest squared distances before step 2
+    snaps ties, ``first`` (G, n) first duplicate, ``rho`` (G, n),
+    ``delta2`` (G, n) squared distance to the nearest denser token,
+    ``dmax2`` (G,), ``centers`` (G, K); for comparing backends
+    (:mod:`.agreement`)."""
+    if probe is not None:
+        probe.update((k, v.clone()) for k, v in values.items())
+
+
 def dpc_knn_reference(x: torch.Tensor, counts: Sequence[int], k: int,
-                      windows: Windows, emulate: str = 'ieee'
-                      ) -> torch.Tensor:
+                      windows: Windows, emulate: str = 'ieee',
+                      probe: Optional[dict] = None) -> torch.Tensor:
     """DPC-kNN of G windows in the paper's five steps, whole blocks.
 
     Args:
@@ -203,6 +214,7 @@ def dpc_knn_reference(x: torch.Tensor, counts: Sequence[int], k: int,
             like the fused op in that mode (the precision check,
             ``tools/analysis/precision_check.py``); the dispatch never sets
             it, the reference is IEEE fp32.
+        probe: A dict to fill with the intermediate values (:func:`record`).
 
     Returns:
         (S, G, n) index of every token's center among the window's centers
@@ -219,7 +231,9 @@ def dpc_knn_reference(x: torch.Tensor, counts: Sequence[int], k: int,
     dmax2 = finite.amax((1, 2))
     # 2. Density from the k nearest, the token itself included.
     knn_d = d2.topk(min(k, n), dim=-1, largest=False).values
-    rho = density(knn_d, tie, c, windows, first_duplicate(d2, tie))
+    first = first_duplicate(d2, tie)
+    record(probe, knn=knn_d)
+    rho = density(knn_d, tie, c, windows, first)
     # 3. Distance to the nearest denser token; equal densities: the lower
     # index is denser.
     order = torch.sort(rho, dim=1, descending=True, stable=True).indices
@@ -229,6 +243,8 @@ def dpc_knn_reference(x: torch.Tensor, counts: Sequence[int], k: int,
     # 4. Score and centers.
     centers = centers_by_score(rho, delta2, dmax2, tie, c, max(counts),
                                windows)
+    record(probe, first=first, rho=rho, delta2=delta2, dmax2=dmax2,
+           centers=centers)
     # 5. Every token joins its nearest center.
     dist = torch.bmm(rows, gather_columns(cols, centers))
     return nearest_center(dist, tie, centers, windows.positions, counts,

@@ -1,0 +1,158 @@
+"""The fused DPC-kNN's first use on a device, checked against the blocked
+path: a kernel that is wrong on a user's GPU must not silently train
+another model.
+
+The first time the fused kernels run in a process for a (device, window
+shape class), the same windows also go through the blocked path, and the
+two are compared (:func:`.agreement.compare`: k nearest distances,
+densities, distance to the nearest denser token within the derived
+round-off bound; ids equal except the reference's near-ties). If they
+disagree, a warning (once per device) gives the device, its compute
+capability, the torch and Triton versions and the measured difference, and
+the blocked path clusters on that device for the rest of the process.
+
+Switches (environment, read at each first use):
+``CLUSTR_MM_FUSED_CHECK=0`` turns the check off;
+``CLUSTR_MM_FUSED_CHECK_STRICT=1`` makes a disagreement an error (CI).
+
+Shape class: (device, precision, tokens per window, channels, whether
+windows are padded): one check per stage size of a model, so a forward at a
+new input size checks its new windows once. Cost: on each first use, one
+blocked clustering of the same windows, the comparison (a few passes over
+the (G, n, k) and (G, n, K) values) and a few host syncs; afterwards one
+dict lookup per call. The check runs eagerly only: while tracing or
+compiling (``torch.compile``, ``torch.jit.trace``) or capturing a CUDA
+graph the op runs unchecked (an eager first use, e.g. a warm-up forward,
+checks it).
+"""
+import os
+import threading
+import warnings
+from typing import Dict, Sequence, Tuple
+
+import torch
+
+from ..graph_safety import is_tracing
+from . import blocked, fused
+from .agreement import compare
+from .common import ClusteringPlan, Windows
+
+OFF_ENV = 'CLUSTR_MM_FUSED_CHECK'
+STRICT_ENV = 'CLUSTR_MM_FUSED_CHECK_STRICT'
+REPORT_TO = ("clustr_mm's issue tracker, with this message and the output "
+             'of `python -m torch.utils.collect_env`')
+
+_lock = threading.Lock()
+_reports: Dict[Tuple, dict] = {}  # shape class -> compare() report
+_blocked_devices: Dict[str, str] = {}  # device -> the warning given
+
+
+class FusedCheckError(RuntimeError):
+    """The fused op disagreed with the blocked path (strict mode)."""
+
+
+def _device_key(device: torch.device) -> str:
+    if device.type == 'cuda':
+        index = (device.index if device.index is not None else
+                 torch.cuda.current_device())
+        return f'cuda:{index}'
+    return str(device)
+
+
+def shape_class(x: torch.Tensor, windows: Windows, precision: str) -> Tuple:
+    """The key one check covers (see the module docstring)."""
+    return (_device_key(x.device), precision, x.shape[1], x.shape[2],
+            windows.invalid is not None)
+
+
+def check_reports() -> Dict[Tuple, dict]:
+    """The comparisons made so far, per shape class (a copy)."""
+    with _lock:
+        return dict(_reports)
+
+
+def reset() -> None:
+    """Forget the checks and fallbacks of this process (tests)."""
+    with _lock:
+        _reports.clear()
+        _blocked_devices.clear()
+
+
+def _enabled() -> bool:
+    return os.environ.get(OFF_ENV, '1').strip().lower() not in (
+        '0', 'off', 'false', 'no')
+
+
+def _strict() -> bool:
+    return os.environ.get(STRICT_ENV, '0').strip().lower() in (
+        '1', 'on', 'true', 'yes')
+
+
+def _capturing(x: torch.Tensor) -> bool:
+    return x.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def describe_device(device: torch.device) -> str:
+    """Device name, compute capability, torch and Triton versions."""
+    if device.type == 'cuda':
+        name = torch.cuda.get_device_name(device)
+        major, minor = torch.cuda.get_device_capability(device)
+        where = f'{name} (compute capability {major}.{minor})'
+    else:
+        where = f'{device} (Triton interpreter)'
+    triton_v = getattr(fused.triton, '__version__', None)
+    return f'{where}, torch {torch.__version__}, triton {triton_v}'
+
+
+def _message(x: torch.Tensor, key: Tuple, report: dict) -> str:
+    diff = ', '.join(
+        f'{name} {report[name]:.3g}x its bound' for name in
+        ('knn', 'rho', 'delta2')) + (
+        f"; {report['center_mismatches']} centers and "
+        f"{report['unexplained_ids']} ids differ beyond near-ties "
+        f"({report['id_mismatches']} ids differ in all)")
+    return (f'clustr_mm: the fused DPC-kNN kernels disagree with the blocked '
+            f'path on {describe_device(x.device)}, windows of {key[2]} '
+            f'tokens x {key[3]} channels, precision {key[1]!r}: {diff}. '
+            f'ClusTR clusters with the blocked path on {key[0]} for the rest '
+            f'of this process (slower, same algorithm). Please report it '
+            f'to {REPORT_TO}. {OFF_ENV}=0 skips this check; '
+            f'{STRICT_ENV}=1 makes it an error.')
+
+
+def run_checked(x: torch.Tensor, counts: Sequence[int], k: int,
+                windows: Windows, plan: ClusteringPlan) -> torch.Tensor:
+    """The fused backend's call (:func:`.fused.run`'s arguments and result),
+    checked on first use (module docstring); the blocked backend, under the
+    same plan, on a device where the check failed."""
+    precision = plan.precision
+    if not fused.runs_kernels(x):
+        return fused.run(x, counts, k, windows, plan)
+    tracing = is_tracing()
+    device = None if tracing else _device_key(x.device)
+    if device is not None and device in _blocked_devices:
+        return blocked.run(x, counts, k, windows, plan)
+    if tracing or _capturing(x) or not _enabled():
+        return fused.run(x, counts, k, windows, plan)
+    key = shape_class(x, windows, precision)
+    if key in _reports:
+        return fused.run(x, counts, k, windows, plan)
+    got, ref = {}, {}
+    ids = fused._triton_passes(x, counts, k, windows, precision, got)
+    ref_ids = blocked.dpc_knn_blocked(x, counts, k, windows,
+                                      plan.max_chunk_elems, plan.blocked_knn,
+                                      ref)
+    report = compare(x, counts, windows, ref, got, ref_ids, ids, precision)
+    with _lock:
+        _reports[key] = report
+    if report['agree']:
+        return ids
+    message = _message(x, key, report)
+    if _strict():
+        raise FusedCheckError(message)
+    with _lock:
+        first = device not in _blocked_devices
+        _blocked_devices[device] = message
+    if first:
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+    return ref_ids

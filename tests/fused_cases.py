@@ -1,0 +1,107 @@
+"""The fused DPC-kNN against an IEEE fp32 implementation on random windows,
+and Triton's interpreter switched on inside this process.
+
+Shared by the interpreter tests (``test_dpc_knn_sizes.py``), the CUDA tier
+(``test_cuda.py``) and the first-use check's tests.
+"""
+import contextlib
+import sys
+
+import pytest
+import torch
+
+TORCH = tuple(int(v) for v in torch.__version__.split('+')[0].split('.')[:2])
+try:
+    import triton
+    TRITON = tuple(int(v) for v in triton.__version__.split('.')[:2])
+except ImportError:
+    triton = TRITON = None
+
+needs_triton = pytest.mark.skipif(
+    TRITON is None or TRITON < (3, 2) or TORCH < (2, 4),
+    reason=f'the fused op needs torch >= 2.4 (custom_op) and triton >= 3.2 '
+    f'(interpreter with return_indices, GPUTarget); here torch '
+    f'{torch.__version__}, triton {TRITON}')
+
+# ClusTR-S at 224 in exact mode: per stage (grid, channels, sr_ratio)
+EXACT_224 = {'3136x64': ((56, 56), 64, 8), '784x128': ((28, 28), 128, 4),
+             '196x256': ((14, 14), 256, 2)}
+# ClusTR-S window mode at 800 x 1344, stage 1: 200 x 336 tokens, 56-token
+# windows (3 x 6 full ones, 6 border ones of 32 x 56 tokens, padded)
+WINDOW_800 = ((200, 336), 56, 64, 8)
+
+
+@contextlib.contextmanager
+def interpreted(*modules):
+    """Run the Triton kernels of ``modules`` (and of triton.language) under
+    Triton's interpreter, on the CPU, in this process.
+
+    Triton decides at decoration time whether a ``@triton.jit`` function is
+    interpreted (``TRITON_INTERPRET=1`` before import); this swaps every
+    jit function of those modules for an interpreted one for the duration,
+    and sets the interpreter knob, so no child process is needed.
+    """
+    from triton import knobs
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+    mods = [m for name, m in list(sys.modules.items())
+            if name.startswith('triton.language') and m is not None]
+    swaps = []
+    try:
+        for mod in mods + list(modules):
+            for name, obj in list(vars(mod).items()):
+                if isinstance(obj, JITFunction):
+                    swaps.append((mod, name, obj))
+                    setattr(mod, name, InterpretedFunction(obj.fn))
+        old, knobs.runtime.interpret = knobs.runtime.interpret, True
+        try:
+            yield
+        finally:
+            knobs.runtime.interpret = old
+    finally:
+        for mod, name, obj in reversed(swaps):
+            setattr(mod, name, obj)
+
+
+def windows(hw, window_size, sr_ratio, channels, batch, device='cpu',
+            seed=0):
+    """Random-normal fp32 windows of a grid as the clustering sees them
+    under the fused plan (border windows padded into one group):
+    (x (G, n, C) zero at padding, counts, Windows)."""
+    from clustr_mm.models.layers.dpc_knn import FUSED_PLAN, WindowLayout
+    layout = WindowLayout(hw, window_size, sr_ratio, device=device,
+                          plan=FUSED_PLAN)
+    (group, ) = layout.groups
+    consts = layout.batch_consts(batch, channels).groups[0].windows
+    gen = torch.Generator().manual_seed(seed)
+    g = batch * group.grid[0] * group.grid[1]
+    n = group.window[0] * group.window[1]
+    x = torch.randn(g, n, channels, generator=gen).to(device)
+    if consts.invalid is not None:
+        x = x.masked_fill(consts.invalid[..., None], 0.0)
+    return x, [group.counts[s] for s in layout.clustered], consts
+
+
+def fused_agreement(x, counts, consts, precision='ieee', k=5):
+    """:func:`~clustr_mm.models.layers.dpc_knn.agreement.compare` of the
+    fused kernels (``precision``) with the reference (IEEE fp32) on the
+    same windows; also the ids the reference gives with its channels
+    reversed (fp32 summed in another order: ``precision_check.py``'s
+    round-off floor), as ``reordered`` (% of ids that differ)."""
+    from clustr_mm.models.layers.dpc_knn import fused
+    from clustr_mm.models.layers.dpc_knn.agreement import compare
+    from clustr_mm.models.layers.dpc_knn.reference import dpc_knn_reference
+    got, ref = {}, {}
+    got_ids = fused._triton_passes(x, counts, k, consts, precision, got)
+    ref_ids = dpc_knn_reference(x, counts, k, consts, probe=ref)
+    report = compare(x, counts, consts, ref, got, ref_ids, got_ids,
+                     precision)
+    flipped = dpc_knn_reference(x.flip(-1), counts, k, consts)
+    valid = (torch.ones_like(x[..., 0], dtype=torch.bool)
+             if consts.invalid is None else ~consts.invalid)
+    total = int(valid.sum()) * len(counts)
+    report['ids'] = total
+    report['fused_pct'] = 100 * report['id_mismatches'] / total
+    report['reordered_pct'] = 100 * int(
+        ((flipped != ref_ids) & valid).sum()) / total
+    return report

@@ -1,0 +1,278 @@
+"""The GPU tier: ``pytest -m cuda`` (docs/development.md). Every test here
+is marked ``cuda`` and skipped, with the reason, where torch sees no CUDA
+device (tests/conftest.py); the ``device`` tests also run on the CPU in the
+fast loop, so their logic is checked without a GPU.
+
+* the fused DPC-kNN kernels (not the interpreter) against the reference at
+  ClusTR-S's sizes, in 'ieee' and 'tf32x3';
+* ClusTR-S and PaCa-S forward and backward under bf16 and fp16 autocast;
+* ``with_cp`` gradients; mmcv's ``nms`` and ``RoIAlign`` CUDA vs CPU;
+* one Mask R-CNN iteration through ``tools/train.py`` and
+  ``tools/dist_train.sh CONFIG 1`` over NCCL;
+* the CUDA side of every test that the CPU-only checks skip where CUDA is
+  present (``map_location='cuda'``, ``--amp`` on a GPU, the benchmark's and
+  nan_check's GPU modes).
+"""
+import json
+
+import pytest
+import torch
+from conftest import ON_DEVICES, run_tool
+from fused_cases import (EXACT_224, WINDOW_800, fused_agreement, needs_triton,
+                         windows)
+from mmengine.registry import MODELS
+
+import clustr_mm  # noqa: F401
+
+MASK_RCNN = 'configs/clustr/mask-rcnn_clustr-t_fpn_embedded-coco.py'
+PACA_CLS = 'configs/paca/paca-t_embedded-imagenet.py'
+ONE_ITER = ['train_cfg.max_epochs=1', 'train_cfg.val_interval=10',
+            'train_dataloader.dataset.indices=2',
+            'train_dataloader.batch_size=2']
+
+
+@pytest.fixture
+def ieee_matmul():
+    """The reference's GEMMs in IEEE fp32 (no TF32), as it is meant."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = old
+
+
+# --------------------------------------------------------------------------
+# The fused kernels at ClusTR-S's sizes.
+FUSED_CASES = {f'exact-224-{k}': (hw, None, sr, c)
+               for k, (hw, c, sr) in EXACT_224.items()}
+FUSED_CASES['window-800x1344-s1'] = (WINDOW_800[0], WINDOW_800[1],
+                                     WINDOW_800[3], WINDOW_800[2])
+# ids the fused op may change beyond the fp32 reordering floor: sampling
+# noise of a few near-ties, in percentage points of the ids
+ID_SLACK_PCT = 0.05
+
+
+@pytest.mark.cuda
+@needs_triton
+@pytest.mark.parametrize('precision', ['ieee', 'tf32x3'])
+@pytest.mark.parametrize('case', sorted(FUSED_CASES))
+def test_fused_kernels_match_reference(case, precision, ieee_matmul):
+    """Values within the derived bound, ids equal except the reference's
+    near-ties (dpc_knn_agreement), and no more ids changed than fp32 itself
+    changes when it sums the channels in another order (the floor
+    ``tools/analysis/precision_check.py`` measures), batch 2."""
+    hw, ws, sr, c = FUSED_CASES[case]
+    x, counts, consts = windows(hw, ws, sr, c, 2, device='cuda')
+    report = fused_agreement(x, counts, consts, precision)
+    print(f'[agreement] {case}-{precision}: {json.dumps(report)}')
+    assert report['agree'], report
+    assert report['fused_pct'] <= report['reordered_pct'] + ID_SLACK_PCT, \
+        report
+
+
+# --------------------------------------------------------------------------
+# Mixed precision: forward and backward against fp32.
+# Relative L2 error of each output map and of all gradients together
+# against fp32 (measured on the CPU for bf16 and fp16 at 64 x 64: see the
+# test's docstring); fp16 keeps 3 more mantissa bits than bf16.
+AMP_OUT_TOL = {torch.bfloat16: 3e-2, torch.float16: 1e-2}
+AMP_GRAD_TOL = {torch.bfloat16: 0.15, torch.float16: 0.05}
+AMP_MODELS = {
+    'clustr-s-exact': dict(type='ClusTR', arch='small'),
+    'clustr-s-window': dict(type='ClusTR', arch='small',
+                            clustering_mode='window', window_size=8),
+    'paca-s': dict(type='PaCaViT', arch='small'),
+}
+
+
+def amp_errors(name, device, dtype, size, batch=2):
+    """(output errors, gradient error) of one forward + backward under
+    ``dtype`` autocast against fp32, same weights and images; asserts all
+    finite."""
+    torch.manual_seed(0)
+    model = MODELS.build(AMP_MODELS[name])
+    model.init_weights()
+    model = model.to(device).train()
+    x = torch.randn(batch, 3, size, size, generator=torch.Generator()
+                    .manual_seed(1)).to(device)
+    results = []
+    for amp in (False, True):
+        model.zero_grad()
+        torch.manual_seed(2)
+        with torch.autocast(device, dtype=dtype, enabled=amp):
+            outs = model(x)
+            loss = sum(o.float().square().mean() for o in outs)
+        loss.backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()
+                           if p.grad is not None])
+        assert all(torch.isfinite(o).all() for o in outs), (name, amp)
+        assert torch.isfinite(grads).all(), (name, amp)
+        results.append(([o.detach().float() for o in outs], grads))
+    (ref, ref_g), (got, got_g) = results
+    outs = [float((g - r).norm() / r.norm()) for r, g in zip(ref, got)]
+    return outs, float((got_g - ref_g).norm() / ref_g.norm())
+
+
+@ON_DEVICES
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16],
+                         ids=['bf16', 'fp16'])
+@pytest.mark.parametrize('name', sorted(AMP_MODELS))
+def test_amp_forward_backward_near_fp32(name, dtype, device):
+    """Finite, and within AMP_OUT_TOL (outputs) and AMP_GRAD_TOL (all
+    gradients together) of fp32. On the CPU at 64 x 64 (the fast loop), on
+    CUDA at 224 (ClusTR's clustering runs the fused op there)."""
+    size = 224 if device == 'cuda' else 64
+    outs, grad = amp_errors(name, device, dtype, size)
+    print(f'[amp] {name} {device} {dtype}: outputs {outs}, grads {grad}')
+    assert max(outs) < AMP_OUT_TOL[dtype], outs
+    assert grad < AMP_GRAD_TOL[dtype], grad
+
+
+# --------------------------------------------------------------------------
+# Gradient checkpointing.
+@pytest.mark.cuda
+@pytest.mark.parametrize('name', ['clustr-exact', 'clustr-window',
+                                  'paca-conv'])
+def test_with_cp_gradients_on_cuda(name):
+    """As ``test_stage``'s CPU test. On CUDA, index_add (the cluster merge)
+    sums with atomics in any order, so the recomputed forward equals the
+    first up to fp32 round-off, not bitwise."""
+    from test_stage import build, loss_and_grads
+    plain = build(name, drop_path_rate=0.2).cuda().train()
+    cp = build(name, drop_path_rate=0.2, with_cp=True).cuda().train()
+    x = torch.randn(2, 3, 64, 40).cuda()
+    outs, grads = loss_and_grads(plain, x)
+    cp_outs, cp_grads = loss_and_grads(cp, x)
+    for a, b in zip(outs, cp_outs):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+    assert set(grads) == set(cp_grads)
+    for n in grads:
+        torch.testing.assert_close(cp_grads[n], grads[n], rtol=1e-3,
+                                   atol=1e-5, msg=n)
+
+
+# --------------------------------------------------------------------------
+# mmcv's CUDA ops.
+@pytest.mark.cuda
+def test_mmcv_nms_and_roi_align_cuda_equal_cpu():
+    from mmcv.ops import RoIAlign, nms
+    gen = torch.Generator().manual_seed(0)
+    xy = torch.rand(300, 2, generator=gen) * 200
+    boxes = torch.cat([xy, xy + 10 + torch.rand(300, 2, generator=gen) * 60],
+                      1)
+    scores = torch.rand(300, generator=gen)
+    _, keep_cpu = nms(boxes, scores, iou_threshold=0.5)
+    _, keep_gpu = nms(boxes.cuda(), scores.cuda(), iou_threshold=0.5)
+    assert 10 < len(keep_cpu) < 300
+    assert torch.equal(keep_gpu.cpu(), keep_cpu)
+    feat = torch.randn(2, 8, 32, 32, generator=gen)
+    rois = torch.cat([torch.randint(0, 2, (40, 1), generator=gen).float(),
+                      boxes[:40] / 8], 1)
+    align = RoIAlign((7, 7), spatial_scale=0.25, sampling_ratio=2,
+                     aligned=True)
+    outs = []
+    for device in ('cpu', 'cuda'):
+        f = feat.to(device).requires_grad_()
+        out = align(f, rois.to(device))
+        out.square().sum().backward()
+        outs.append((out.detach().cpu(), f.grad.cpu()))
+    torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(outs[1][1], outs[0][1], rtol=1e-4, atol=1e-4)
+
+
+# --------------------------------------------------------------------------
+# The tools on a GPU.
+@pytest.mark.slow
+@pytest.mark.cuda
+def test_mask_rcnn_iteration_through_train_py(tiny_data, tmp_path):
+    out = run_tool(['tools/train.py', MASK_RCNN, '--work-dir', str(tmp_path),
+                    '--cfg-options', *ONE_ITER]).stdout
+    assert (tmp_path / 'epoch_1.pth').exists(), out[-3000:]
+    ckpt = torch.load(tmp_path / 'epoch_1.pth', map_location='cpu',
+                      weights_only=False)
+    assert ckpt['meta']['iter'] == 1, ckpt['meta']
+
+
+@pytest.mark.slow
+@pytest.mark.cuda
+def test_dist_train_one_gpu_over_nccl(tiny_data, tmp_path):
+    out = run_tool(['bash', 'tools/dist_train.sh', MASK_RCNN, '1',
+                    '--work-dir', str(tmp_path), '--cfg-options',
+                    *ONE_ITER], python=False, env={'PORT': '29541'}).stdout
+    assert 'launcher pytorch, world size 1 (nccl)' in out, out[-3000:]
+    assert (tmp_path / 'epoch_1.pth').exists()
+
+
+@pytest.mark.cuda
+def test_cuda_map_location(tmp_path):
+    """The GPU side of test_official_weights'
+    test_cuda_map_location_without_cuda."""
+    from clustr_mm.checkpoints.loading import load_checkpoint_file
+    path = tmp_path / 'w.pth'
+    torch.save({'w': torch.ones(1)}, path)
+    assert load_checkpoint_file(str(path), map_location='cuda')[
+        'w'].device.type == 'cuda'
+
+
+@pytest.mark.cuda
+def test_amp_wrapper_on_a_gpu():
+    """The GPU side of test_reliability's test_cpu_amp_wrapper_trains_in_bf16:
+    MMEngine's AmpOptimWrapper, fp16 autocast with dynamic loss scaling by
+    default, bf16 on request."""
+    from mmengine.config import Config
+    from mmengine.optim import build_optim_wrapper
+
+    from clustr_mm.engine.amp import use_amp
+    for dtype, expected in ((None, torch.float16),
+                            ('bfloat16', torch.bfloat16)):
+        model = torch.nn.Linear(4, 2).cuda()
+        cfg = Config(dict(optim_wrapper=dict(
+            type='OptimWrapper', optimizer=dict(type='SGD', lr=0.1))))
+        assert use_amp(cfg, dtype) == 'AmpOptimWrapper'
+        wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+        before = model.weight.detach().clone()
+        with wrapper.optim_context(model):
+            out = model(torch.randn(3, 4).cuda())
+        assert out.dtype == expected
+        wrapper.update_params(out.float().square().mean())
+        assert model.weight.dtype == torch.float32
+        assert not torch.equal(model.weight, before)
+
+
+@pytest.mark.slow
+@pytest.mark.cuda
+def test_amp_trains_on_a_gpu(tiny_data, tmp_path):
+    """The GPU side of test_tools' test_amp_trains_in_bf16_on_the_cpu."""
+    out = run_tool(['tools/train.py', PACA_CLS, '--amp', '--work-dir',
+                    str(tmp_path), '--cfg-options', 'train_cfg.max_epochs=1',
+                    'train_cfg.val_interval=100']).stdout
+    assert '[train] --amp: AmpOptimWrapper' in out, out[-3000:]
+    assert (tmp_path / 'epoch_1.pth').exists()
+
+
+@pytest.mark.slow
+@pytest.mark.cuda
+def test_benchmark_on_a_gpu():
+    """The GPU side of test_analysis'
+    test_benchmark_cuda_without_gpu_fails_clearly."""
+    proc = run_tool(['tools/analysis/benchmark.py', '--device', 'cuda',
+                     '--models', 'paca-t', 'clustr-s-exact', '--sizes', '64',
+                     '--runs', '2'], timeout=600)
+    rows = [json.loads(ln[len('RESULT '):]) for ln in
+            proc.stdout.splitlines() if ln.startswith('RESULT ')]
+    assert rows, proc.stdout[-3000:]
+    assert all(r.get('device', 'cuda').startswith('cuda') for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.cuda
+def test_nan_check_fp16_on_a_gpu(tiny_data, tmp_path):
+    """The GPU side of test_reliability's
+    test_nan_check_refuses_fp16_without_gpu."""
+    out = run_tool(['tools/analysis/nan_check.py',
+                    'configs/clustr/clustr-t_embedded-imagenet.py', '--amp',
+                    'fp16', '--iters', '10', '--work-dir',
+                    str(tmp_path)]).stdout
+    line = [ln for ln in out.splitlines() if ln.startswith('[nan-check] {')]
+    result = json.loads(line[-1].split(' ', 1)[1])
+    assert result['ok'] and result['checked'] == 10, result
+    assert result['linear_dtype'] == 'torch.float16', result
