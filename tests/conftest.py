@@ -4,8 +4,7 @@ A test that starts a tool (:func:`run_tool`) must be marked
 ``@pytest.mark.slow`` (markers: pytest.ini), so that ``pytest -m "not slow"``
 stays the fast loop; :func:`run_tool` refuses to run in an unmarked test.
 A test marked ``cuda`` (the GPU tier) is skipped, with the reason, where
-torch sees no CUDA device; :data:`ON_DEVICES` runs a test on the CPU and,
-in that tier, on CUDA.
+torch sees no CUDA device.
 """
 import importlib.util
 import json
@@ -20,9 +19,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 NO_CUDA = ('needs a CUDA device (the GPU tier, pytest -m cuda); '
            'torch.cuda.is_available() is False here')
-# the same test on the CPU (fast loop) and on CUDA (the GPU tier)
-ON_DEVICES = pytest.mark.parametrize('device', [
-    'cpu', pytest.param('cuda', marks=pytest.mark.cuda)])
 
 
 def pytest_collection_modifyitems(config, items):

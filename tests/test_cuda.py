@@ -1,7 +1,6 @@
 """The GPU tier: ``pytest -m cuda`` (docs/development.md). Every test here
 is marked ``cuda`` and skipped, with the reason, where torch sees no CUDA
-device (tests/conftest.py); the ``device`` tests also run on the CPU in the
-fast loop, so their logic is checked without a GPU.
+device (tests/conftest.py).
 
 * the fused DPC-kNN kernels (not the interpreter) against the reference at
   ClusTR-S's sizes, in 'ieee' and 'tf32x3';
@@ -17,7 +16,7 @@ import json
 
 import pytest
 import torch
-from conftest import ON_DEVICES, run_tool
+from conftest import run_tool
 from fused_cases import (EXACT_224, WINDOW_800, fused_agreement, needs_triton,
                          windows)
 from mmengine.registry import MODELS
@@ -72,8 +71,11 @@ def test_fused_kernels_match_reference(case, precision, ieee_matmul):
 # --------------------------------------------------------------------------
 # Mixed precision: forward and backward against fp32.
 # Relative L2 error of each output map and of all gradients together
-# against fp32 (measured on the CPU for bf16 and fp16 at 64 x 64: see the
-# test's docstring); fp16 keeps 3 more mantissa bits than bf16.
+# against fp32. Outputs: bf16 as BF16_REL_TOL of test_reliability (measured
+# there on the CPU, ClusTR-T and PaCa-T); fp16 keeps 3 more mantissa bits.
+# The gradient bounds are stated, not yet measured (no GPU run so far; the
+# CPU variant below, which would measure them, was not run in the session
+# that wrote this: see the issue-27 note).
 AMP_OUT_TOL = {torch.bfloat16: 3e-2, torch.float16: 1e-2}
 AMP_GRAD_TOL = {torch.bfloat16: 0.15, torch.float16: 0.05}
 AMP_MODELS = {
@@ -112,14 +114,15 @@ def amp_errors(name, device, dtype, size, batch=2):
     return outs, float((got_g - ref_g).norm() / ref_g.norm())
 
 
-@ON_DEVICES
+@pytest.mark.cuda
+@pytest.mark.parametrize('device', ['cuda'])
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16],
                          ids=['bf16', 'fp16'])
 @pytest.mark.parametrize('name', sorted(AMP_MODELS))
 def test_amp_forward_backward_near_fp32(name, dtype, device):
     """Finite, and within AMP_OUT_TOL (outputs) and AMP_GRAD_TOL (all
-    gradients together) of fp32. On the CPU at 64 x 64 (the fast loop), on
-    CUDA at 224 (ClusTR's clustering runs the fused op there)."""
+    gradients together) of fp32, at 224 (ClusTR's clustering runs the fused
+    op there). ``amp_errors`` also runs on the CPU (``device='cpu'``)."""
     size = 224 if device == 'cuda' else 64
     outs, grad = amp_errors(name, device, dtype, size)
     print(f'[amp] {name} {device} {dtype}: outputs {outs}, grads {grad}')

@@ -6,8 +6,8 @@ differ by round-off and a decision that the reference itself makes by a
 margin smaller than that round-off (a near-tie) may go either way. This
 module bounds the round-off, finds the reference's near-ties, and compares:
 the intermediate values within the bound, the ids exactly except where a
-near-tie explains the difference (:func:`compare`). The tests of the fused op and its
-first-use check (:mod:`.first_use`) both use it.
+near-tie explains the difference (:func:`compare`). The tests of the
+fused op and its first-use check (:mod:`.first_use`) both use it.
 
 The bounds (u = 2^-24, C channels, a and b tokens of one window, M the
 largest token norm of the window):
