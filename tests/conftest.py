@@ -1,13 +1,15 @@
 """Shared fixtures: the repo root, the tiny data, and running the real tools.
 
-A test that starts a tool (:func:`run_tool`) must be marked
-``@pytest.mark.slow`` (markers: pytest.ini), so that ``pytest -m "not slow"``
-stays the fast loop; :func:`run_tool` refuses to run in an unmarked test.
+A test that starts a tool (:func:`run_tool`) or any other process must be
+marked ``@pytest.mark.slow`` (markers: pytest.ini), so that
+``pytest -m "not slow"`` stays the fast loop: :func:`run_tool` refuses to run
+in an unmarked test, and an unmarked test that starts a process fails.
 A test marked ``cuda`` (the GPU tier) is skipped, with the reason, where
 torch sees no CUDA device.
 """
 import importlib.util
 import json
+import multiprocessing.process
 import os
 import subprocess
 import sys
@@ -41,6 +43,49 @@ def _remember_test(request):
     _current_test = request.node
     yield
     _current_test = None
+
+
+# Programs a library starts on its own to describe the machine (MMEngine's
+# Runner logs `gcc --version` in its environment report): not a tool run.
+_PROBES = {'gcc', 'cc', 'g++', 'nvcc', 'nvidia-smi'}
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_start_no_process(request, monkeypatch):
+    """Fail a test not marked ``slow`` that starts another process (a
+    subprocess other than a version probe, or a multiprocessing process):
+    the fast loop must stay fast, and its tests in one process."""
+    if request.node.get_closest_marker('slow'):
+        yield
+        return
+    started = request.node.started_processes = []
+
+    def refuse(what):
+        started.append(what)
+        raise RuntimeError(
+            f'{request.node.nodeid} is not marked slow but starts {what}: '
+            'mark it @pytest.mark.slow (pytest.ini) or keep it in-process')
+
+    execute = subprocess.Popen._execute_child
+
+    def guarded_execute(self, args, executable, *rest, **kwargs):
+        program = args if isinstance(args, (str, bytes, os.PathLike)) \
+            else args[0]
+        name = os.path.basename(str(program).split()[0])
+        if name not in _PROBES:
+            refuse(f'the process {program!r}')
+        return execute(self, args, executable, *rest, **kwargs)
+
+    def guarded_start(process):
+        refuse(f'a multiprocessing process ({process.name})')
+
+    monkeypatch.setattr(subprocess.Popen, '_execute_child', guarded_execute)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, 'start',
+                        guarded_start)
+    yield
+    if started:  # also when the refusal was swallowed (a thread, an except)
+        pytest.fail(f'{request.node.nodeid} started {started[0]} '
+                    'without the slow marker')
 
 
 @pytest.fixture(scope='session')

@@ -11,8 +11,6 @@ from mmengine.runner import Runner
 
 import clustr_mm  # noqa: F401
 
-pytestmark = pytest.mark.slow
-
 DOWNSTREAM = {
     'mmdet': 'configs/clustr/mask-rcnn_clustr-t_fpn_embedded-coco.py',
     'mmseg': 'configs/clustr/fpn_clustr-t_embedded-ade20k.py',
@@ -36,6 +34,7 @@ def _runner(config, init_cfg, work_dir):
     return Runner.from_cfg(cfg)
 
 
+@pytest.mark.slow  # the checkpoint comes from tools/train.py
 @pytest.mark.parametrize('library', sorted(DOWNSTREAM))
 def test_backbone_equals_classifier_after_runner_init(
         library, imagenet_checkpoint, tmp_path):
@@ -54,6 +53,7 @@ def test_backbone_equals_classifier_after_runner_init(
     assert any(not torch.equal(before[k], loaded[k]) for k in loaded)
 
 
+@pytest.mark.slow
 def test_wrong_prefix_fails_loudly(imagenet_checkpoint, tmp_path):
     runner = _runner(DOWNSTREAM['mmdet'], dict(
         type='Pretrained', checkpoint=imagenet_checkpoint, prefix='model.'),

@@ -21,8 +21,8 @@ from clustr_mm.models.layers import SummaryAttention
 from clustr_mm.models.layers.dpc_knn import (ACCELERATOR_PLAN, CPU_PLAN,
                                              FUSED_PLAN, use_plan)
 
-pytestmark = pytest.mark.torch21
-
+# `torch21` marks the tests that also run on the torch 2.1 stack; the census
+# of the fused op (torch.library.custom_op) and torch.compile need torch >= 2.4.
 torch.set_num_threads(2)
 
 # ClusTR-S's depths, heads and ratios at a quarter of its width: the op
@@ -89,6 +89,7 @@ def test_bf16_autocast_casts_only_weights_image_and_fp32_island(mode):
     assert casts == len(weights) + 1 + 2 * len(attns), casts
 
 
+@pytest.mark.torch21
 def test_clustr_s_census_grows_little_with_the_image():
     cfg = dict(type='ClusTR', arch=NARROW_S, clustering_mode='window')
     base = _census(cfg, (224, 224))['ops']
@@ -98,6 +99,7 @@ def test_clustr_s_census_grows_little_with_the_image():
         assert counted['ops'] <= 1.3 * base, (hw, counted['ops'], base)
 
 
+@pytest.mark.torch21
 @pytest.mark.parametrize('plan', [CPU_PLAN, ACCELERATOR_PLAN],
                          ids=['cpu-plan', 'accelerator-plan'])
 def test_other_plans_have_no_sync_either(plan):
@@ -106,11 +108,13 @@ def test_other_plans_have_no_sync_either(plan):
     assert counted['host_syncs'] == 0, counted['by_op']
 
 
+@pytest.mark.torch21
 def test_paca_s_census_has_no_sync():
     counted = _census(dict(type='PaCaViT', arch='small'), (224, 224))
     assert counted['host_syncs'] == 0, counted['by_op']
 
 
+@pytest.mark.torch21
 def test_census_sees_a_host_sync():
     """The census would catch a data-dependent decision coming back."""
     model = MODELS.build(dict(type='ClusTR', arch=ONE_BLOCK)).eval()
@@ -162,6 +166,7 @@ def test_compile_fullgraph_equals_eager(cfg, hw, plan):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
 
 
+@pytest.mark.torch21
 @pytest.mark.parametrize('mode,hw', [('exact', (224, 224)),
                                      ('window', (224, 256))])
 def test_jit_traced_flop_count_matches_ours(mode, hw):
@@ -177,3 +182,25 @@ def test_jit_traced_flop_count_matches_ours(mode, hw):
     traced = get_model_complexity_info(
         model, inputs=(x, ), show_table=False, show_arch=False)['flops']
     assert abs(traced - ours) / ours < 0.01, (traced, ours)
+
+
+@pytest.mark.parametrize('cfg,hw', [
+    (dict(CLUSTR_EXACT), (64, 64)),
+    (dict(CLUSTR_WINDOW), (80, 96)),
+    (dict(type='PaCaViT', arch=ONE_BLOCK, num_clusters=(5, 6, 7, 0)),
+     (64, 80)),
+], ids=['clustr-exact', 'clustr-window', 'paca'])
+def test_jit_trace_equals_eager(cfg, hw):
+    """A torch.jit.trace of each backbone gives the eager outputs, on the
+    traced input and on another input of the same size (the trace must not
+    have frozen data-dependent values such as cluster ids)."""
+    torch.manual_seed(0)
+    model = MODELS.build(cfg).eval()
+    x, other = torch.randn(2, 2, 3, *hw)
+    with torch.no_grad():
+        traced = torch.jit.trace(model, (x, ), check_trace=False)
+        for inputs in (x, other):
+            eager, got = model(inputs), traced(inputs)
+            assert len(got) == len(eager)
+            for a, b in zip(got, eager):
+                torch.testing.assert_close(a, b, rtol=0, atol=1e-5)

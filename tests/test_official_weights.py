@@ -357,9 +357,25 @@ def test_partial_load_refused_and_overridable(tmp_path):
     assert 'allow_partial_load = True' in message
     for key, value in target.state_dict().items():  # nothing was copied
         assert torch.equal(value, before[key]), key
-    # the override: loads what fits, warns with the counts
-    _runner(target, tmp_path, str(wrong),
-            allow_partial_load=True).load_or_resume()
+    # the override: loads what fits, leaves the rest, warns with the counts
+    runner = _runner(target, tmp_path, str(wrong), allow_partial_load=True)
+    warnings = []
+    runner.logger.warning = warnings.append
+    runner.load_or_resume()
+    assert any(re.search(r'epoch_1\.pth leaves \d+ of \d+ tensors .* '
+                         r'unloaded.* Loading it anyway '
+                         r'\(allow_partial_load\)', w) for w in warnings), \
+        warnings
+    source = torch.load(wrong, map_location='cpu')['state_dict']
+    loaded = 0
+    for key, value in target.state_dict().items():
+        if key in source and source[key].shape == value.shape:
+            assert torch.equal(value, source[key]), key
+            loaded += 1
+        else:
+            assert torch.equal(value, before[key]), key
+    assert loaded > 0  # the classifier heads have the same shape
+    target.load_state_dict(before)
     # a file in neither our nor the official layout: the keys expected
     unrelated = tmp_path / 'resnet.pth'
     torch.save({'conv1.weight': torch.zeros(8, 3, 7, 7)}, unrelated)
@@ -473,6 +489,7 @@ def _download_in_child(url, queue):
     queue.put(download_checkpoint(url))
 
 
+@pytest.mark.slow  # forks three processes
 @pytest.mark.torch21
 def test_concurrent_processes_download_once(server, torch_home):
     url = server.put_checkpoint('/dist/epoch_300.pth', {'w': torch.ones(4)})

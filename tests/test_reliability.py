@@ -517,16 +517,24 @@ def _train_module():
     return module
 
 
+@pytest.mark.parametrize('given', [None, 987, 5])
 def test_resume_restores_the_recorded_seed_before_the_runner_exists(
-        tmp_path):
+        tmp_path, given, capsys):
+    """The checkpoint's seed goes into randomness.seed before the runner is
+    built; a different seed given on the command line is replaced, and the
+    run says so (docs/reliability.md)."""
     from mmengine.config import Config
     train = _train_module()
     _runner_checkpoint(tmp_path / 'epoch_3.pth', 3, seed=987)
     cfg = Config(dict(work_dir=str(tmp_path),
-                      randomness=dict(seed=None, deterministic=False)))
+                      randomness=dict(seed=given, deterministic=False)))
     train.resume(cfg, 'auto')
     assert cfg.resume and cfg.load_from == str(tmp_path / 'epoch_3.pth')
     assert cfg.randomness == dict(seed=987, deterministic=False)
+    replaced = ("[train] --resume: the checkpoint's seed 987 replaces "
+                f'randomness.seed={given}')
+    out = capsys.readouterr().out
+    assert (replaced in out) == (given == 5), out
 
 
 def test_explicit_resume_of_an_unusable_file_names_it_and_the_others(

@@ -1,4 +1,5 @@
-"""End-to-end runs of tools/train.py, tools/test.py and dist_train.sh."""
+"""End-to-end runs of tools/train.py, tools/test.py, dist_train.sh and
+dist_test.sh (marked slow), and the tools' argument checks (in-process)."""
 import os
 import re
 import signal
@@ -13,7 +14,6 @@ from conftest import (ROOT, learning_result, load_tool, logged_losses,
 
 import clustr_mm  # noqa: F401  (allow-lists runner checkpoint types)
 
-pytestmark = pytest.mark.slow
 PACA_CLS = 'configs/paca/paca-t_embedded-imagenet.py'
 ONE_THREAD = {'OMP_NUM_THREADS': '1'}
 
@@ -40,6 +40,14 @@ FAMILIES = {
 }
 
 
+# The upper end of each metric: COCO-style AP is a fraction, mmpretrain's
+# accuracy and mmseg's mIoU are percentages.
+METRIC_SCALE = {'accuracy/top1': 100.0, 'coco/segm_mAP': 1.0,
+                'coco/bbox_mAP': 1.0, 'mIoU': 100.0, 'coco-wholebody/AP': 1.0}
+# tools/dist_test.sh is checked against tools/test.py on this family's run.
+DIST_TEST_FAMILY = 'fpn-clustr'
+
+
 def _last_checkpoint(work_dir):
     return (work_dir / 'last_checkpoint').read_text().strip()
 
@@ -54,6 +62,7 @@ def _metrics(output):
     # the detection run also runs on the torch 2.1 stack (mmcv ops, RoIAlign)
     pytest.param(f, marks=pytest.mark.torch21) if f == 'mask-rcnn-clustr'
     else f for f in sorted(FAMILIES)])
+@pytest.mark.slow
 def test_train_then_test(family, tiny_data, tmp_path):
     config, options, metric = FAMILIES[family]
     work_dir = tmp_path / family
@@ -64,9 +73,22 @@ def test_train_then_test(family, tiny_data, tmp_path):
                     str(work_dir)]).stdout
     metrics = _metrics(out)
     assert metric in metrics, metrics
-    assert 0.0 <= float(metrics[metric]) <= 100.0
+    # each metric on its library's scale: COCO AP 0-1, accuracy/mIoU 0-100
+    assert 0.0 <= float(metrics[metric]) <= METRIC_SCALE[metric], metrics
+    if family == DIST_TEST_FAMILY:
+        # two gloo processes, each evaluating half of the images: the same
+        # metrics, printed by both ranks
+        dist = run_tool(['bash', 'tools/dist_test.sh', config, ckpt, '2',
+                         '--work-dir', str(work_dir / 'dist')], python=False,
+                        env={'PORT': '29541', **ONE_THREAD}).stdout
+        printed = [ln for ln in dist.splitlines() if ln.startswith('[test] ')]
+        assert len(printed) == 2, dist[-3000:]
+        for line in printed:
+            assert _metrics(line) == metrics, (line, metrics)
+        assert float(metrics['aAcc']) > 0  # a real result, not an empty one
 
 
+@pytest.mark.slow
 def test_resume_continues_from_checkpoint(tiny_data, tmp_path):
     config = 'configs/clustr/clustr-t_embedded-imagenet.py'
     base = ['--work-dir', str(tmp_path), '--cfg-options',
@@ -89,12 +111,15 @@ def test_resume_continues_from_checkpoint(tiny_data, tmp_path):
     assert bad.returncode != 0 and 'no checkpoint at' in bad.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('family', ['fpn-clustr', 'mask-rcnn-clustr'])
 def test_dist_train_two_cpu_processes(family, tiny_data, tmp_path):
     # one thread per process: two processes share the CI machine's two cores
     config, options, _ = FAMILIES[family]
     if family == 'mask-rcnn-clustr':  # 8 images / (2 procs x 2) = 2 iters
         options = options + ['train_cfg.val_interval=10']
+    else:  # gradient checkpointing under two-process DDP (docs/benchmarks.md)
+        options = options + ['model.backbone.with_cp=True']
     out = run_tool(['bash', 'tools/dist_train.sh', config, '2',
                     '--work-dir', str(tmp_path), '--cfg-options', *options],
                    python=False, env={'PORT': '29533', **ONE_THREAD}).stdout
@@ -103,6 +128,7 @@ def test_dist_train_two_cpu_processes(family, tiny_data, tmp_path):
         ('iter_4.pth', 'epoch_1.pth'))
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_uninterrupted_result(tiny_data, tmp_path):
     config = 'configs/clustr/clustr-t_embedded-imagenet.py'
     opts = ['--cfg-options', 'train_cfg.max_epochs=3',
@@ -135,6 +161,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tiny_data, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_segmentation_learns_on_embedded_data(tiny_data, tmp_path):
     """The embedded ADE20K run takes mIoU far above the untrained model's."""
     result = learning_result('configs/clustr/fpn_clustr-t_embedded-ade20k.py',
@@ -142,6 +169,7 @@ def test_segmentation_learns_on_embedded_data(tiny_data, tmp_path):
     assert result['end'] >= result['start'] + 20, result
 
 
+@pytest.mark.slow
 def test_sigterm_and_resume_without_a_seed_match_the_uninterrupted_run(
         tiny_data, tmp_path):
     """The shipped config as is (randomness.seed None): a run stopped by
@@ -176,6 +204,7 @@ def test_sigterm_and_resume_without_a_seed_match_the_uninterrupted_run(
 @pytest.mark.parametrize('option,iteration', [
     ('optim_wrapper.optimizer.lr=1e6', 2),
     ('model.head.loss.loss_weight=nan', 1)])
+@pytest.mark.slow
 def test_diverged_run_stops_before_saving(tiny_data, tmp_path, option,
                                           iteration):
     """lr 1e6: iteration 2 overflows (the backbone's stage check) or its
@@ -196,6 +225,7 @@ def test_diverged_run_stops_before_saving(tiny_data, tmp_path, option,
     assert not list(tmp_path.glob('*.pth'))
 
 
+@pytest.mark.slow
 def test_checkpoint_option_typo_fails_before_the_first_iteration(tmp_path):
     typo = 'default_hooks.checkpoint.max_keep_ckpt=1'
     proc = run_tool(['tools/train.py', PACA_CLS, '--work-dir', str(tmp_path),
@@ -206,6 +236,7 @@ def test_checkpoint_option_typo_fails_before_the_first_iteration(tmp_path):
     assert 'Epoch(train)' not in proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason='the CPU path')
 def test_amp_trains_in_bf16_on_the_cpu(tiny_data, tmp_path):
     out = run_tool(['tools/train.py', PACA_CLS, '--amp', '--work-dir',
@@ -230,10 +261,20 @@ def test_benchmark_refuses_a_malformed_size(size, capsys):
     (['--stages', '0', '--blocks', '9'], r'--blocks 9: stage 0 has (\d) '
      r'blocks \(0\.\.\d, or -\1\.\.-1 from the end\)'),
 ])
+def _photo(tmp_path):
+    """A small JPEG to show clusters on (random pixels)."""
+    import numpy as np
+    from PIL import Image
+    path = tmp_path / 'photo.jpg'
+    Image.fromarray(np.random.default_rng(0).integers(
+        0, 256, (48, 64, 3), np.uint8)).save(path)
+    return path
+
+
 def test_visualize_clusters_refuses_a_stage_or_block_out_of_range(
-        tiny_data, tmp_path, option, message):
+        tmp_path, option, message):
     tool = load_tool('visualize_clusters')
-    image = sorted((tiny_data / 'imagenet' / 'val').glob('*.JPEG'))[0]
+    image = _photo(tmp_path)
     with pytest.raises(SystemExit, match=message):
         tool.main([str(image), str(ROOT / 'configs/clustr/'
                                    'clustr-t_embedded-imagenet.py'),
@@ -242,13 +283,12 @@ def test_visualize_clusters_refuses_a_stage_or_block_out_of_range(
     assert not (tmp_path / 'x.png').exists()
 
 
-def test_visualize_clusters_refuses_a_backbone_without_clusters(
-        tiny_data, tmp_path):
+def test_visualize_clusters_refuses_a_backbone_without_clusters(tmp_path):
     config = tmp_path / 'resnet.py'
     config.write_text("_base_ = ['mmpretrain::resnet/resnet18_8xb32_in1k.py']"
                       "\n")
     tool = load_tool('visualize_clusters')
-    image = sorted((tiny_data / 'imagenet' / 'val').glob('*.JPEG'))[0]
+    image = _photo(tmp_path)
     with pytest.raises(SystemExit, match='the backbone is a ResNet; clusters '
                        'can be shown for ClusTR and PaCaViT backbones only'):
         tool.main([str(image), str(config), '--out', str(tmp_path / 'x.png'),

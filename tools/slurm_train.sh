@@ -2,9 +2,10 @@
 # Training under Slurm: bash tools/slurm_train.sh PARTITION JOB_NAME CONFIG [WORK_DIR] [train.py args]
 # GPUS (default 8), GPUS_PER_NODE (8), CPUS_PER_TASK (5) and SRUN_ARGS come from the environment.
 set -euo pipefail
-PARTITION=$1
-JOB_NAME=$2
-CONFIG=$3
+USAGE="usage: bash $0 PARTITION JOB_NAME CONFIG [WORK_DIR] [train.py args]"
+PARTITION=${1:?$USAGE}
+JOB_NAME=${2:?$USAGE}
+CONFIG=${3:?$USAGE}
 WORK_DIR=${4:-work_dirs/$(basename "${CONFIG%.*}")}
 GPUS=${GPUS:-8}
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}

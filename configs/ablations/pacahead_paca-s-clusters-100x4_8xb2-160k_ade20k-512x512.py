@@ -1,0 +1,16 @@
+# PaCa-ViT paper ablation on ADE20K: the PaCa segmentation head 160k with
+# PaCa-S trained on ImageNet with num_clusters=(100, 100, 100, 100), the
+# release's upernet_pacavit_small_p2cconv_100_512x512_160k_ade20k file (named
+# upernet_ in the release, a PaCa-head segmentor: the official config is
+# pacahead_pacavit_small_p2cconv_100_512x512_160k_ade20k.py). The recipe is
+# PaCa-S's PaCa-head one; as in the official config the backbone is fine-tuned
+# with downstream_cluster_num=[200, 200, 200, 200], i.e. num_clusters=(200,
+# 200, 200, 200) (the classifier's cluster layers are re-initialised with a
+# warning), from the ImageNet weights paca-s-clusters-100x4_8xb128_in1k.py
+# makes (the release's classifier of this setting is not published).
+# Differs from the release: as the PaCa-S PaCa-head config.
+_base_ = '../paca/pacahead_paca-s_8xb2-160k_ade20k-512x512.py'
+imagenet_checkpoint = 'work_dirs/paca-s-clusters-100x4_8xb128_in1k/epoch_300.pth'
+model = dict(
+    backbone=dict(num_clusters=(200, 200, 200, 200),
+                  init_cfg=dict(checkpoint=imagenet_checkpoint)))
