@@ -2,10 +2,14 @@
 
 Files in the official layouts (a timm classifier state dict, one with a
 training script's extra entries, an mmdet Mask R-CNN and an mmseg UperNet
-checkpoint) are made from our modules with the inverse key mapping of
-test_paca.py and served by a local HTTP server; every entry point must load
-them and reproduce the source model's outputs. Downloads that fail leave
-nothing in the cache and say how to place the file by hand.
+checkpoint) are made from narrow models of ours with the inverse key mapping
+of test_paca.py and served by a local HTTP server; every entry point must
+load them and reproduce the source model's outputs. That mapping is not
+taken on trust: tests/test_release_layouts.py checks that it writes exactly
+the keys and shapes of every release file's official model (listed from the
+official code in tests/data/paca_release_keys.json), and loads files made
+from that list alone. Downloads that fail leave nothing in the cache and say
+how to place the file by hand.
 """
 import argparse
 import collections

@@ -21,6 +21,7 @@ from mmengine.registry import DefaultScope
 from release_manifest import (MANIFEST, RELEASE, ROOT, metafile_configs,
                               official_shapes, official_state)
 from test_configs import RELEASE_FILES, release_file
+from test_paca import to_official
 
 import clustr_mm  # noqa: F401  (registers the models and the loader)
 from clustr_mm.checkpoints import convert_paca_checkpoint
@@ -36,18 +37,26 @@ def _scope(cfg):
         yield importlib.import_module(f'{scope}.registry').MODELS
 
 
-def our_shapes(cfg, device='meta'):
-    """{key: shape} of what a release file fills in the config's model: the
-    whole classifier (backbone and head), else the backbone under
-    ``backbone.`` (necks and heads keep the mm libraries' names)."""
-    with _scope(cfg) as registry, torch.device(device):
+def our_state(cfg):
+    """The state dict (meta tensors: shapes only) of what a release file
+    fills in the config's model: the whole classifier (backbone and head),
+    else the backbone under ``backbone.`` (necks and heads keep the mm
+    libraries' names)."""
+    with _scope(cfg) as registry, torch.device('meta'):
         if cfg.model.type == 'ImageClassifier':
-            state = registry.build(cfg.model).state_dict()
-        else:
-            backbone = registry.build(dict(cfg.model.backbone, init_cfg=None))
-            state = {f'backbone.{k}': v
-                     for k, v in backbone.state_dict().items()}
-    return {k: tuple(v.shape) for k, v in state.items()}
+            return registry.build(cfg.model).state_dict()
+        backbone = registry.build(dict(cfg.model.backbone, init_cfg=None))
+        return {f'backbone.{k}': v for k, v in backbone.state_dict().items()}
+
+
+def our_shapes(cfg):
+    return {k: tuple(v.shape) for k, v in our_state(cfg).items()}
+
+
+def _weights(shapes):
+    """The keys that are weights: the teacher's fixed blur kernels are not
+    (the converter drops them and our teacher rebuilds them)."""
+    return {k: v for k, v in shapes.items() if not k.endswith('blur_filter')}
 
 
 def test_manifest_is_the_release():
@@ -80,7 +89,26 @@ def test_release_file_fills_the_config_it_is_listed_on(name):
         f'{unknown[:5]}')
     wrong = {k: (got[k], ours[k]) for k in ours if got[k] != ours[k]}
     assert not wrong, f'{path}: shapes differ (file, ours): {wrong}'
-    assert len(got) == len(official_shapes(name))  # one-to-one
+    assert len(got) == len(_weights(official_shapes(name)))  # one-to-one
+
+
+@pytest.mark.parametrize('name', sorted(MANIFEST))
+def test_the_tests_inverse_key_map_writes_the_release_layout(name):
+    """tests/test_paca.py's ``to_official`` (our keys -> official ones, with
+    which other tests write official-layout files from narrow models) gives
+    exactly the keys and shapes of each release file's official model, so
+    those files stand for the release's."""
+    cfg = Config.fromfile(ROOT / NAMED[name])
+    state = our_state(cfg)
+    backbone = {k[len('backbone.'):]: v for k, v in state.items()
+                if k.startswith('backbone.')}
+    official = to_official(backbone, cfg.model.backbone.get('clustering',
+                                                            'conv'))
+    made = {k: tuple(v.shape) for k, v in official.items()}
+    expected = {k[len('backbone.'):] if k.startswith('backbone.') else k: v
+                for k, v in official_shapes(name).items()
+                if not k.startswith('head.')}
+    assert made == expected, sorted(set(made) ^ set(expected))[:10]
 
 
 def _imagenet_file(cfg):
@@ -175,5 +203,6 @@ def test_release_file_with_random_values_loads_through_the_config(
         backbone = registry.build(dict(cfg.model.backbone, init_cfg=init))
     backbone.init_weights()
     official = {k[len('backbone.'):] if k.startswith('backbone.') else k: v
-                for k, v in state.items() if not k.startswith('head.')}
+                for k, v in _weights(state).items()
+                if not k.startswith('head.')}
     assert_every_tensor_arrived(official, backbone.state_dict())

@@ -20,8 +20,10 @@ def map_to_tokens(x: torch.Tensor) -> torch.Tensor:
 
 def drop_path_rates(rate: float, depths: Sequence[int]) -> List[List[float]]:
     """Stochastic depth per block: 0 to ``rate`` linearly over all blocks
-    (the official codes' ``torch.linspace`` values), split per stage."""
-    rates = torch.linspace(0, rate, sum(depths)).tolist()
+    (the official codes' ``torch.linspace`` values), split per stage.
+    Computed on the CPU also when a model is built under
+    ``torch.device('meta')`` (shapes only: tests/test_release_layouts.py)."""
+    rates = torch.linspace(0, rate, sum(depths), device='cpu').tolist()
     starts = [sum(depths[:i]) for i in range(len(depths))]
     return [rates[s:s + d] for s, d in zip(starts, depths)]
 
