@@ -45,16 +45,24 @@ def _remember_test(request):
     _current_test = None
 
 
-# Programs a library starts on its own to describe the machine (MMEngine's
-# Runner logs `gcc --version` in its environment report): not a tool run.
-_PROBES = {'gcc', 'cc', 'g++', 'nvcc', 'nvidia-smi'}
+# What the slow marker is for (pytest.ini): another Python process, a shell
+# running a tool, a launcher. Libraries' own probes of the machine (gcc
+# --version in MMEngine's environment report, ldconfig, fc-list) are not.
+_TOOLS = ('python', 'bash', 'sh', 'torchrun', 'srun', 'mim', 'pip')
+
+
+def _starts_a_tool(program) -> bool:
+    program = str(program).split()[0] if str(program).strip() else ''
+    name = os.path.basename(program)
+    return (program == sys.executable or name.startswith(_TOOLS)
+            or program.startswith(str(ROOT / 'tools')))
 
 
 @pytest.fixture(autouse=True)
 def _fast_tests_start_no_process(request, monkeypatch):
-    """Fail a test not marked ``slow`` that starts another process (a
-    subprocess other than a version probe, or a multiprocessing process):
-    the fast loop must stay fast, and its tests in one process."""
+    """Fail a test not marked ``slow`` that starts a Python process, a shell
+    or a launcher (subprocess) or a multiprocessing process: the fast loop
+    must stay fast, and its tests in one process."""
     if request.node.get_closest_marker('slow'):
         yield
         return
@@ -71,8 +79,7 @@ def _fast_tests_start_no_process(request, monkeypatch):
     def guarded_execute(self, args, executable, *rest, **kwargs):
         program = args if isinstance(args, (str, bytes, os.PathLike)) \
             else args[0]
-        name = os.path.basename(str(program).split()[0])
-        if name not in _PROBES:
+        if _starts_a_tool(program):
             refuse(f'the process {program!r}')
         return execute(self, args, executable, *rest, **kwargs)
 

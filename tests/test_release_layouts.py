@@ -139,7 +139,8 @@ def test_downstream_config_starts_from_a_fitting_classifier(path):
            if k.startswith('backbone.')}
     ours = our_shapes(cfg)
     assert set(got) == set(ours), sorted(set(got) ^ set(ours))[:10]
-    last = re.compile(r'.*\.clustering\.(to_clusters|fc2)\.(weight|bias)$')
+    last = re.compile(r'.*(\.clustering\.(to_clusters|fc2)|'
+                      r'\.teacher\.to_clusters\.\d)\.(weight|bias)$')
     for key, shape in ours.items():
         if got[key] != shape:
             assert last.match(key), (key, got[key], shape)

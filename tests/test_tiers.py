@@ -30,6 +30,12 @@ def test_a_compiler_version_probe_is_allowed():
     assert out
 
 
+def test_a_shell_is_refused_too(request):
+    with pytest.raises(RuntimeError, match="starts the process 'bash'"):
+        subprocess.run(['bash', '-c', 'true'])
+    request.node.started_processes.clear()
+
+
 @pytest.mark.slow
 def test_a_slow_test_may_start_processes():
     subprocess.run([sys.executable, '-c', 'pass'], check=True)
