@@ -255,12 +255,6 @@ def test_benchmark_refuses_a_malformed_size(size, capsys):
             in capsys.readouterr().err)
 
 
-@pytest.mark.parametrize('option,message', [
-    (['--stages', '5'], r'--stages 5: the backbone has 4 stages \(0\.\.3, '
-     r'or -4\.\.-1 from the end\)'),
-    (['--stages', '0', '--blocks', '9'], r'--blocks 9: stage 0 has (\d) '
-     r'blocks \(0\.\.\d, or -\1\.\.-1 from the end\)'),
-])
 def _photo(tmp_path):
     """A small JPEG to show clusters on (random pixels)."""
     import numpy as np
@@ -271,6 +265,12 @@ def _photo(tmp_path):
     return path
 
 
+@pytest.mark.parametrize('option,message', [
+    (['--stages', '5'], r'--stages 5: the backbone has 4 stages \(0\.\.3, '
+     r'or -4\.\.-1 from the end\)'),
+    (['--stages', '0', '--blocks', '9'], r'--blocks 9: stage 0 has (\d) '
+     r'blocks \(0\.\.\d, or -\1\.\.-1 from the end\)'),
+])
 def test_visualize_clusters_refuses_a_stage_or_block_out_of_range(
         tmp_path, option, message):
     tool = load_tool('visualize_clusters')
