@@ -45,7 +45,12 @@ CLS_CONFIG = 'configs/clustr/clustr-t_embedded-imagenet.py'
 ONE_THREAD = {'OMP_NUM_THREADS': '1'}
 FIXED_CROP_CONFIG = 'tests/configs/clustr-t_embedded-imagenet_fixed-crop.py'
 BATCH_TOL = dict(atol=1e-4, rtol=1e-4)
-BF16_REL_TOL = 3e-2
+BF16_REL_TOL = 3e-2  # measured 0.4-1.1 % per stage (2026-11-26, torch 2.14.1)
+# Mean share of cluster ids a bf16 forward shares with the fp32 one (its
+# tokens carry bf16 rounding): measured 0.958 (exact) and 0.992 (window) on
+# these two images (2026-11-26, torch 2.14.1); bounds allow ~2.5x the
+# measured disagreement.
+BF16_MIN_AGREEMENT = {'clustr-exact': 0.90, 'clustr-window': 0.98}
 SOAK_MAX_GROWTH_MIB = 25.0
 DIST_LOSS_TOL = 1e-5
 DIST_WEIGHT_TOL = 1e-3
@@ -208,7 +213,7 @@ def test_bf16_clustering_decisions_are_the_fp32_decisions(name):
     # near-tie tokens may change cluster; most decisions agree
     # (docs/reliability.md).
     agree = [float((a == b).float().mean()) for a, b in zip(fp32_ids, ids)]
-    assert sum(agree) / len(agree) > 0.85, agree
+    assert sum(agree) / len(agree) > BF16_MIN_AGREEMENT[name], agree
     errors = _rel_errors(fp32_outs, outs)
     assert max(errors) < BF16_REL_TOL, errors
 
