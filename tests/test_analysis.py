@@ -670,8 +670,7 @@ def test_benchmark_traffic(tmp_path):
 @pytest.mark.slow
 def test_precision_check_tool(tmp_path):
     """The 3xTF32 id check runs ClusTR and reports every clustered stage;
-    small random inputs, so the figures themselves are not asserted beyond
-    being percentages of the ids compared."""
+    on small random inputs the ids agree (at most one may move per stage)."""
     out = tmp_path / 'precision.json'
     proc = run_tool(['tools/analysis/precision_check.py', '--arch', 'tiny',
                      '--size', '64', '--images', '1', '--data',
@@ -682,8 +681,10 @@ def test_precision_check_tool(tmp_path):
     assert [r['stage'] for r in rows] == [1, 2, 3]
     for r in rows:
         assert r['calls'] >= 1 and r['ids'] > 0
-        assert 0 <= r['tf32x3_pct'] <= 100
-        assert 0 <= r['fp32_reordered_pct'] <= 100
+        # measured 0.000 % in every stage for both (2026-11-26, torch
+        # 2.14.1, 2-core CPU; 512 / 256 / 96 ids): at most one id may move
+        for key in ('tf32x3_pct', 'fp32_reordered_pct'):
+            assert 0 <= r[key] * r['ids'] / 100 <= 1, (key, r)
     bad = run_tool(['tools/analysis/precision_check.py', '--images', '0'],
                    check=False)
     assert bad.returncode != 0 and '--images' in bad.stdout
