@@ -46,3 +46,25 @@ def change_wanted(name: str) -> bool:
             f'{SKIP_VARIABLE}={raw!r} names {sorted(unknown)}; expected a '
             f'comma-separated list of {PROCESS_WIDE_CHANGES} or "all"')
     return 'all' not in skipped and name not in skipped
+
+
+# what leaving each change out takes away, for the errors it causes
+SKIP_EFFECTS = dict(
+    checkpoint_loaders='clustr_mm\'s checkpoint loader, which converts '
+    'official PaCa-ViT files on load (convert the file with '
+    'tools/model_converters/paca_official_to_mm.py, or unset it)',
+    lazy_heads='the registration of clustr_mm\'s heads (PaCaSegHead) in '
+    'their library\'s scope (import clustr_mm.models.heads.paca_seg_head '
+    'in the config\'s custom_imports, or unset it)',
+    atomic_writes='atomic checkpoint writes', scope_check='the check of '
+    'mmcv\'s compiled ops for mmdet/mmseg/mmpose configs')
+
+
+def skip_note(name: str) -> str:
+    """A sentence for an error that leaving out change ``name`` may have
+    caused: empty unless ``CLUSTR_MM_SKIP`` leaves it out."""
+    import os
+    if change_wanted(name):
+        return ''
+    return (f' Note: {SKIP_VARIABLE}={os.environ.get(SKIP_VARIABLE)!r} is '
+            f'set, which leaves out {SKIP_EFFECTS[name]}.')

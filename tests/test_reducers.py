@@ -332,7 +332,8 @@ def test_named_paca_setting_through_reducer_configs(net):
     for kwargs in (dict(), dict(clustering_interval=1)):
         default = PaCaViT(arch, net, num_clusters=(5, 6, 7, 0), **kwargs)
         default.init_weights()
-        generic = PaCaViT(arch, net, num_clusters=(5, 6, 7, 0),
+        # the net is the reducers' (clustering='mlp' beside them is refused)
+        generic = PaCaViT(arch, num_clusters=(5, 6, 7, 0),
                           reducers=[dict(type='SoftCluster', net=net)] * 3 +
                           [None], **kwargs)
         _same_outputs(default, generic, x)

@@ -2,8 +2,17 @@
 # Multi-process training with torchrun: bash tools/dist_train.sh CONFIG NPROC [train.py args]
 # One process per GPU (NCCL); on a machine without GPUs, NPROC CPU processes (gloo).
 set -euo pipefail
+USAGE="usage: bash tools/dist_train.sh CONFIG NPROC [train.py args]"
+if [ $# -lt 2 ]; then
+  echo "dist_train.sh: CONFIG and NPROC (the number of processes: GPUs, or CPU processes) are required; $USAGE" >&2
+  exit 2
+fi
 CONFIG=$1
 NPROC=$2
+if ! [[ "$NPROC" =~ ^[1-9][0-9]*$ ]]; then
+  echo "dist_train.sh: NPROC must be a positive integer (the number of processes), got '$NPROC'; $USAGE" >&2
+  exit 2
+fi
 NNODES=${NNODES:-1}
 NODE_RANK=${NODE_RANK:-0}
 PORT=${PORT:-29500}

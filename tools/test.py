@@ -12,6 +12,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 import clustr_mm  # noqa: E402,F401  (registers models)
 from clustr_mm.checkpoints import add_coverage_check  # noqa: E402
+from clustr_mm.engine.data_checks import DataCheckError, check_data  # noqa: E402
 from clustr_mm.engine.launch import (  # noqa: E402
     add_common_args, build_runner, finish_distributed, load_config)
 
@@ -34,6 +35,10 @@ def main(argv=None):
     cfg = load_config(args)
     cfg.load_from = args.checkpoint  # read (and checked) by clustr_mm's loader
     add_coverage_check(cfg, args.allow_partial_load)
+    try:
+        check_data(cfg, ['test_dataloader'])
+    except DataCheckError as err:
+        sys.exit(f'[test] {args.config}: {err}')
     runner = build_runner(cfg)
     metrics = runner.test()
     finish_distributed()

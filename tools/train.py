@@ -14,12 +14,13 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 import clustr_mm  # noqa: E402,F401  (registers models, safe resume)
 from clustr_mm.checkpoints import add_coverage_check  # noqa: E402
 from clustr_mm.engine.amp import use_amp  # noqa: E402
+from clustr_mm.engine.data_checks import DataCheckError, check_data  # noqa: E402
 from clustr_mm.engine.atomic_io import sweep_stale_temporaries  # noqa: E402
 from clustr_mm.engine.fail_fast_hook import (  # noqa: E402
     DivergedError, training_position)
 from clustr_mm.engine.launch import (  # noqa: E402
-    add_common_args, add_run_hooks, build_runner, finish_distributed,
-    load_config)
+    add_common_args, add_run_hooks, build_runner, check_train_length,
+    finish_distributed, load_config)
 from clustr_mm.engine.resume import (  # noqa: E402
     choose_resume_checkpoint, explain_unreadable, read_resume_meta)
 
@@ -50,6 +51,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     cfg = load_config(args)
+    check_train_length(cfg)
 
     if args.amp:
         print(f'[train] --amp: {use_amp(cfg)}', flush=True)
@@ -65,6 +67,12 @@ def main(argv=None):
     add_coverage_check(cfg, args.allow_partial_load)
     if args.resume is not None:
         resume(cfg, args.resume)
+
+    try:
+        check_data(cfg, ['train_dataloader'] + (
+            ['val_dataloader'] if cfg.get('val_cfg') else []))
+    except DataCheckError as err:
+        sys.exit(f'[train] {args.config}: {err}')
 
     runner = build_runner(cfg)
     if runner.rank == 0:
@@ -109,6 +117,10 @@ def resume(cfg, choice: str) -> None:
             raise explain_unreadable(path, err) from None
     print(f'[train] --resume: continuing from {path}', flush=True)
     cfg.resume, cfg.load_from = True, path
+    # names every optimizer / scheduler setting the checkpoint replaces
+    hooks = list(cfg.get('custom_hooks') or [])
+    if not any(h.get('type') == 'ResumeSettingsHook' for h in hooks):
+        cfg.custom_hooks = [*hooks, dict(type='ResumeSettingsHook')]
     seed = meta.get('seed')
     randomness = cfg.get('randomness') or {}
     if seed is not None and randomness.get('seed') != seed:

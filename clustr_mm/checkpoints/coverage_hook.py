@@ -1,11 +1,13 @@
-"""Refuse a runner checkpoint that leaves part of the model without weights.
+"""Refuse a runner checkpoint that does not fit the model, either way.
 
 MMEngine loads ``load_from`` (and ``tools/test.py``'s checkpoint) with
 ``strict=False`` and only logs the keys that did not match, so the weights of
 another model evaluate random weights and exit 0. The hook checks, before the
 weights are copied, that every tensor of the model (parameters and buffers,
-BatchNorm's ``num_batches_tracked`` aside) gets one of the same shape, and
-otherwise stops with the counts and how to allow it. Fine-tuning from an
+BatchNorm's ``num_batches_tracked`` aside) gets one of the same shape and
+that every tensor of the checkpoint is used (the weights of a deeper model
+of the same family fill every tensor of a shallower one), and otherwise
+stops with the counts, a few names each way and how to allow it. Fine-tuning from an
 ImageNet backbone goes through the backbone's ``init_cfg``, not this path,
 and is unaffected.
 """
@@ -17,21 +19,24 @@ from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 from torch import nn
 
-from .paca_official import SIGNATURE
+from ..registry import skip_note
+from .paca_official import SIGNATURE, paca_official_layout
 
 OPTION = 'allow_partial_load'
 
 
 class PartialLoadError(RuntimeError):
-    """A checkpoint leaves model tensors without weights."""
+    """A checkpoint leaves model tensors without weights, or holds tensors
+    the model does not use."""
 
 
 def load_coverage(model: nn.Module, checkpoint: Mapping) -> Dict[str, List]:
     """What loading ``checkpoint`` as MMEngine does would leave out.
 
     Returns ``loaded``, ``missing`` and ``mismatched`` (model keys) and
-    ``unexpected`` (checkpoint keys), and ``unloaded_elements`` /
-    ``total_elements`` (tensor sizes summed).
+    ``unexpected`` (checkpoint keys), ``unloaded_elements`` /
+    ``total_elements`` (tensor sizes summed) and ``official_layout`` (an
+    official PaCa-ViT file's layout, None for others).
     """
     state = checkpoint.get('state_dict', checkpoint)
     state = {re.sub(r'^module\.', '', k): v for k, v in state.items()}
@@ -52,6 +57,7 @@ def load_coverage(model: nn.Module, checkpoint: Mapping) -> Dict[str, List]:
     report['unexpected'] = [k for k in state if k not in own and
                             not k.endswith('num_batches_tracked')]
     report['unloaded_elements'] = unloaded
+    report['official_layout'] = paca_official_layout(state)
     report['total_elements'] = sum(v.numel() for v in own.values())
     return report
 
@@ -66,18 +72,29 @@ def _examples(keys: List[str], n: int = 3) -> str:
 
 def describe_coverage(report: Dict[str, List], model: nn.Module,
                       source: str) -> str:
-    """One paragraph with the counts of :func:`load_coverage`."""
+    """One paragraph with the counts of :func:`load_coverage`, both ways:
+    model tensors the checkpoint leaves unloaded, checkpoint tensors the
+    model does not use."""
     missing, mismatched = report['missing'], report['mismatched']
     loaded, unexpected = report['loaded'], report['unexpected']
     total = len(loaded) + len(missing) + len(mismatched)
     share = report['unloaded_elements'] / max(report['total_elements'], 1)
+    in_file = len(loaded) + len(mismatched) + len(unexpected)
     text = (f'{source} leaves {total - len(loaded)} of {total} tensors of '
             f'{type(model).__name__} ({share:.1%} of its weights) unloaded: '
             f'{len(missing)} missing from the checkpoint{_examples(missing)}, '
             f'{len(mismatched)} with another shape{_examples(mismatched)}; '
-            f'{len(loaded)} loaded, {len(unexpected)} checkpoint keys '
-            f'unused{_examples(unexpected)}.')
-    if not loaded:
+            f'{len(loaded)} loaded; and {len(unexpected)} of its '
+            f'{in_file} checkpoint tensors are unused by the model'
+            f'{_examples(unexpected)}.')
+    if unexpected and not missing and not mismatched:
+        text += (' Every model tensor has weights, but the checkpoint holds '
+                 'more: the weights of a larger model (e.g. a deeper variant '
+                 'of the same family)?')
+    if report.get('official_layout') is not None:
+        text += (' The checkpoint is an official PaCa-ViT file that was not '
+                 'converted.' + skip_note('checkpoint_loaders'))
+    elif not loaded:
         text += (' None of its keys fit this model (another model?); '
                  f'expected keys like{_examples(missing)}, or an official '
                  'PaCa-ViT file (converted on load), recognised by '
@@ -90,7 +107,7 @@ def describe_coverage(report: Dict[str, List], model: nn.Module,
 class CheckpointCoverageHook(Hook):
     """Stop when ``load_from`` / ``tools/test.py``'s checkpoint / a resumed
     checkpoint leaves model tensors without weights (missing or of another
-    shape), unless the config sets ``allow_partial_load = True``
+    shape) or holds tensors the model does not use, unless the config sets ``allow_partial_load = True``
     (``--allow-partial-load`` of tools/train.py and tools/test.py); then the
     counts are logged as a warning. Added by tools/train.py and
     tools/test.py."""
@@ -101,7 +118,8 @@ class CheckpointCoverageHook(Hook):
         model = runner.model.module if is_model_wrapper(
             runner.model) else runner.model
         report = load_coverage(model, checkpoint)
-        if not report['missing'] and not report['mismatched']:
+        if not (report['missing'] or report['mismatched']
+                or report['unexpected']):
             return
         source = runner.cfg.get('load_from') or 'the checkpoint'
         text = describe_coverage(report, model, f'checkpoint {source}')
@@ -109,7 +127,9 @@ class CheckpointCoverageHook(Hook):
             runner.logger.warning(f'{text} Loading it anyway ({OPTION}).')
             return
         raise PartialLoadError(
-            f'{text} The model would run with random weights there. If that '
+            f'{text} The model would run with random weights where tensors '
+            'are unloaded, and is not the model the checkpoint was trained '
+            'as where checkpoint tensors are unused. If that '
             'is intended (e.g. fine-tuning a detector with other classes), '
             'pass --allow-partial-load to tools/train.py / tools/test.py or '
             f'set {OPTION} = True in the config.')

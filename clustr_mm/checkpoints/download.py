@@ -6,8 +6,10 @@ the whole URL: two URLs that end in the same file name (every run writes an
 ``epoch_300.pth``) are two cache entries. A cached file is used as is.
 
 The file is written to a temporary name next to its place and renamed only
-once it is complete (the server's ``Content-Length`` reached and, when the
-file name carries torch.hub's ``-<sha256 prefix>.`` tag, the hash matching),
+once it is complete (the server's ``Content-Length`` reached and, when asked
+with ``check_hash=True`` as torch.hub and MMEngine take it, the sha256
+matching the ``-<hex digits>.`` tag of torch.hub's file names: a release
+named ``clustr-t-20240101.pth`` carries a date there, not a hash),
 so an interrupted or failed download leaves nothing in the cache. Processes
 that ask for the same URL at the same time (the ranks of one
 ``dist_train.sh`` run) take a file lock: the first downloads, the others
@@ -79,7 +81,8 @@ def _how_to_place(url: str, path: str) -> str:
             'it is then used without a download.')
 
 
-def _fetch(url: str, path: str, timeout: float) -> None:
+def _fetch(url: str, path: str, timeout: float,
+           check_hash: bool = False) -> None:
     """Download ``url`` to ``path`` through a temporary file in its folder."""
     fd, tmp = tempfile.mkstemp(prefix=f'.{osp.basename(path)}.',
                                suffix='.part', dir=osp.dirname(path))
@@ -102,7 +105,7 @@ def _fetch(url: str, path: str, timeout: float) -> None:
             raise DownloadError(
                 f'download of {url} is truncated: got {size} of {expected} '
                 'bytes')
-        tag = HASH_TAG.search(osp.basename(path))
+        tag = HASH_TAG.search(osp.basename(path)) if check_hash else None
         if tag and not sha.hexdigest().startswith(tag.group(1)):
             raise DownloadError(
                 f'download of {url} does not match the hash in its name: '
@@ -122,8 +125,13 @@ def _umask() -> int:
 
 
 def download_checkpoint(url: str, model_dir: Optional[str] = None,
-                        timeout: float = 60.0) -> str:
+                        timeout: float = 60.0,
+                        check_hash: bool = False) -> str:
     """The local path of ``url``'s file, downloading it if not cached.
+
+    ``check_hash``: compare the download's sha256 with the hex digits after
+    the last dash of its name (torch.hub's ``name-<sha256 prefix>.ext``;
+    off by default, as in torch.hub and MMEngine).
 
     Raises:
         ValueError: the URL names no file.
@@ -142,7 +150,7 @@ def download_checkpoint(url: str, model_dir: Optional[str] = None,
             return path
         print_log(f'Downloading {url} to {path}', logger='current')
         try:
-            _fetch(url, path, timeout)
+            _fetch(url, path, timeout, check_hash)
         except DownloadError as e:
             raise DownloadError(f'{e}. Nothing was cached at {path}. '
                                 f'{_how_to_place(url, path)}') from None

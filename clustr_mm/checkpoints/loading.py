@@ -63,8 +63,15 @@ def _what_it_is(path: str) -> str:
     return f'a text file, not a torch checkpoint (starts with {text[:40]!r})'
 
 
-def load_checkpoint_file(filename: str, map_location=None) -> Any:
+def load_checkpoint_file(filename: str, map_location=None,
+                         check_hash: bool = False,
+                         convert: bool = True) -> Any:
     """Read a checkpoint from a local path or an http(s) URL, safely.
+
+    ``check_hash``: check a download against the sha256 prefix in its name
+    (torch.hub's convention; off by default, as there). ``convert=False``
+    returns an official PaCa-ViT file as it is (for tools that must tell
+    what a file is).
 
     Returns what the file holds (a runner checkpoint unchanged); an official
     PaCa-ViT file comes back converted, as ``{'state_dict', 'meta'}`` in our
@@ -74,7 +81,7 @@ def load_checkpoint_file(filename: str, map_location=None) -> Any:
         raise TypeError(f'checkpoint must be a path or URL string, got '
                         f'{type(filename).__name__}: {filename!r}')
     if _is_url(filename):
-        path = download_checkpoint(filename)
+        path = download_checkpoint(filename, check_hash=check_hash)
     else:
         path = osp.expanduser(filename)
         if osp.isdir(path):
@@ -107,18 +114,20 @@ def load_checkpoint_file(filename: str, map_location=None) -> Any:
                         'so the next run fetches it again')
         error = pickle.UnpicklingError if unsafe else ValueError
         raise error(message) from None
-    if isinstance(checkpoint, Mapping):
+    if convert and isinstance(checkpoint, Mapping):
         converted = convert_paca_checkpoint(checkpoint, filename)
         if converted is not None:
             return converted
     return checkpoint
 
 
-def read_checkpoint(filename: str, map_location='cpu') -> StateDict:
+def read_checkpoint(filename: str, map_location='cpu',
+                    convert: bool = True) -> StateDict:
     """The state dict of a checkpoint file (:func:`load_checkpoint_file`),
     unwrapped from ``state_dict`` / ``model`` and without a DataParallel
     ``module.`` prefix."""
-    checkpoint = load_checkpoint_file(filename, map_location)
+    checkpoint = load_checkpoint_file(filename, map_location,
+                                      convert=convert)
     if not isinstance(checkpoint, Mapping):
         raise TypeError(f'{filename} holds a {type(checkpoint).__name__}, '
                         'expected a state dict')

@@ -2,12 +2,15 @@
 (``short_run``), atomic checkpoint writes (``atomic_io``), the choice of the
 checkpoint to resume (``resume``), and what registers with MMEngine: the hook
 that makes resume continue the random streams (``random_state_hook``), the
-hook that stops a diverged run before it saves (``fail_fast_hook``) and the
+hook that stops a diverged run before it saves (``fail_fast_hook``), the
+hook naming the settings a resumed checkpoint replaces
+(``resume_settings_hook``) and the
 CPU bf16 optimizer wrapper (``amp``)."""
 from .amp import CPUAmpOptimWrapper
 from .atomic_io import use_atomic_local_writes
 from .fail_fast_hook import FailFastHook
 from .random_state_hook import RandomStateHook
+from .resume_settings_hook import ResumeSettingsHook
 
 __all__ = ['CPUAmpOptimWrapper', 'FailFastHook', 'RandomStateHook',
-           'use_atomic_local_writes']
+           'ResumeSettingsHook', 'use_atomic_local_writes']

@@ -11,9 +11,55 @@ from mmengine.optim import OptimWrapper
 from mmengine.registry import OPTIM_WRAPPERS
 
 
+# mmcv ops whose CPU kernels take fp32 only (torch's autocast does not know
+# them): (module, autograd Function, how many leading tensor arguments)
+FP32_ONLY_CPU_OPS = (('mmcv.ops.nms', 'NMSop', 2),
+                     ('mmcv.ops.roi_align', 'RoIAlignFunction', 2))
+
+
+def _fp32_on_cpu(forward, count: int):
+    """``forward`` of an autograd Function, given its first ``count`` tensors
+    in fp32 when they are reduced-precision CPU tensors (an index result is
+    the same; a feature result comes back in fp32 and autograd casts its
+    gradient back to the input's dtype)."""
+    def cast_forward(ctx, *args, **kwargs):
+        head = list(args[:count])
+        if any(isinstance(t, torch.Tensor) and t.device.type == 'cpu'
+               and t.dtype in (torch.bfloat16, torch.float16) for t in head):
+            head = [t.float() if isinstance(t, torch.Tensor)
+                    and t.is_floating_point() else t for t in head]
+        return forward(ctx, *head, *args[count:], **kwargs)
+    cast_forward._clustr_mm_fp32 = True
+    cast_forward.__wrapped__ = forward
+    return staticmethod(cast_forward)
+
+
+def install_cpu_amp_op_casts() -> list:
+    """Let mmcv's fp32-only CPU ops run under CPU bf16 autocast (Mask
+    R-CNN's NMS and RoIAlign get bf16 boxes and features there): their
+    inputs are cast to fp32 first. Idempotent; ops of an mmcv that is not
+    installed (or lacks them) are skipped. Returns the ops patched now."""
+    import importlib
+    patched = []
+    for module_name, name, count in FP32_ONLY_CPU_OPS:
+        try:
+            function = getattr(importlib.import_module(module_name), name)
+        except (ImportError, AttributeError, OSError):
+            continue
+        forward = function.forward
+        if getattr(forward, '_clustr_mm_fp32', False):
+            continue
+        function.forward = _fp32_on_cpu(forward, count)
+        patched.append(f'{module_name}.{name}')
+    return patched
+
+
 @OPTIM_WRAPPERS.register_module(force=True)
 class CPUAmpOptimWrapper(OptimWrapper):
-    """``OptimWrapper`` whose forward runs under CPU bf16 autocast."""
+    """``OptimWrapper`` whose forward runs under CPU bf16 autocast.
+
+    Building one also lets mmcv's fp32-only CPU ops (NMS, RoIAlign) take
+    bf16 inputs (:func:`install_cpu_amp_op_casts`)."""
 
     def __init__(self, dtype='bfloat16', **kwargs):
         if dtype not in ('bfloat16', torch.bfloat16):
@@ -21,6 +67,7 @@ class CPUAmpOptimWrapper(OptimWrapper):
                 f'CPUAmpOptimWrapper: dtype must be bfloat16 (the only CPU '
                 f'autocast type), got {dtype!r}')
         super().__init__(**kwargs)
+        install_cpu_amp_op_casts()
 
     @contextmanager
     def optim_context(self, model):

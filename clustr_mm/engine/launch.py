@@ -11,6 +11,9 @@ import os.path as osp
 import torch
 from mmengine.config import Config, DictAction
 
+from ..models.heads import LAZY_HEADS
+from ..registry import skip_note
+
 SCOPES = ('mmpretrain', 'mmdet', 'mmseg', 'mmpose')
 
 
@@ -51,6 +54,22 @@ def load_config(args: argparse.Namespace) -> Config:
     if args.launcher != 'none' and not torch.cuda.is_available():
         prepare_cpu_distributed(cfg)
     return cfg
+
+
+def check_train_length(cfg: Config) -> None:
+    """Refuse a training run that would train nothing: ``max_epochs`` /
+    ``max_iters`` below 1 (MMEngine runs zero iterations, writes no
+    checkpoint and exits 0 without a word)."""
+    train_cfg = cfg.get('train_cfg') or {}
+    for key in ('max_epochs', 'max_iters'):
+        value = train_cfg.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f'train_cfg.{key}={value!r}: nothing would be trained (no '
+                f'iteration, no checkpoint); {key} must be an int >= 1. To '
+                'evaluate a checkpoint use tools/test.py')
 
 
 #: What every training run gets (the shipped configs list them; a config of
@@ -117,6 +136,13 @@ def build_runner(cfg: Config):
     """Use the config's custom runner type if it names one (as mmdet does)."""
     from mmengine.registry import RUNNERS
     from mmengine.runner import Runner
-    if 'runner_type' in cfg:
-        return RUNNERS.build(cfg)
-    return Runner.from_cfg(cfg)
+    try:
+        if 'runner_type' in cfg:
+            return RUNNERS.build(cfg)
+        return Runner.from_cfg(cfg)
+    except KeyError as error:
+        note = skip_note('lazy_heads')
+        if note and any(name in str(error) for name in LAZY_HEADS):
+            raise KeyError(f'{error.args[0] if error.args else error}'
+                           f'{note}') from error
+        raise

@@ -31,6 +31,9 @@ class RandomStateHook(Hook):
         checkpoint['rng_state'] = state
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        if not getattr(runner, '_resume', False):
+            # load_from / tools/test.py: weights only, nothing continues
+            return
         state = checkpoint.get('rng_state')
         if state is None:
             runner.logger.warning(

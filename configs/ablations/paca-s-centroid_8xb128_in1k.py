@@ -8,4 +8,6 @@ _base_ = '../paca/paca-s_8xb128_in1k.py'
 
 model = dict(
     backbone=dict(
+        # the reducers replace the soft clustering the base config names
+        clustering=None,
         reducers=dict(type='CentroidAttention', init='pool', iters=1)))

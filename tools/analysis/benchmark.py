@@ -611,6 +611,9 @@ def parse_args(argv):
                        2 if args.device == 'cuda' else 1)
     if args.runs < 1 or args.warmup < 0 or args.batch < 1:
         parser.error('--runs and --batch must be >= 1, --warmup >= 0')
+    if args.threads < 1:
+        parser.error(f'--threads must be an int >= 1 (torch threads of each '
+                     f'measurement), got {args.threads}')
     if args.census:
         clash = [f for f in ('train_step', 'flops', 'breakdown', 'plot')
                  if getattr(args, f)]
@@ -651,8 +654,11 @@ def parse_args(argv):
     max_pixels = {}
     for item in args.max_size:
         name, _, size = item.partition('=')
-        if name not in MODELS or not size:
+        if not name or not size:
             parser.error(f'--max-size takes MODEL=S, got {item!r}')
+        if name not in MODELS:
+            parser.error(f'--max-size {item}: unknown model {name!r}; the '
+                         f'models are {", ".join(sorted(MODELS))}')
         try:
             h, w = parse_size(size)
         except ValueError as err:

@@ -51,6 +51,7 @@ from mmengine.registry import DefaultScope  # noqa: E402
 
 import clustr_mm  # noqa: E402,F401  (registers the backbones)
 from clustr_mm.analysis.flops import FlopReport, analyze_flops  # noqa: E402
+from clustr_mm.engine.cli_args import positive_int  # noqa: E402
 
 SCOPES = ('mmpretrain', 'mmdet', 'mmseg', 'mmpose')
 PART_LABELS = {
@@ -258,7 +259,7 @@ def main(argv=None):
     parser.add_argument('checkpoint', nargs='?',
                         help='weights to load (whole model or backbone); '
                         'optional, the counts do not depend on them')
-    parser.add_argument('--shape', type=int, nargs='+', metavar='N',
+    parser.add_argument('--shape', type=positive_int, nargs='+', metavar='N',
                         help='input H W (one value: square); default: the '
                         "library's standard input")
     parser.add_argument('--json', help='also write the result as JSON here')

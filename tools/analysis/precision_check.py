@@ -34,6 +34,9 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 # the cluster drawing tool's loader (same folder: on sys.path when run)
 from visualize_clusters import (  # noqa: E402
     IMAGENET_MEAN, IMAGENET_STD, load_image)
+from clustr_mm.engine.cli_args import existing_dir  # noqa: E402
+
+DEFAULT_DATA = 'data/imagenet'
 
 
 def load_images(folder, count, size):
@@ -100,14 +103,17 @@ def main(argv=None):
                         choices=('exact', 'window'))
     parser.add_argument('--size', type=int, default=224)
     parser.add_argument('--images', type=int, default=4)
-    parser.add_argument('--data', default='data/imagenet',
+    parser.add_argument('--data', type=existing_dir,
                         help='a folder searched for *.JPEG (random inputs '
-                        'if it has none)')
+                        'if it has none; default: data/imagenet where it '
+                        'exists, else random inputs)')
     parser.add_argument('--out', help='write the results as JSON here')
     args = parser.parse_args(argv)
     if args.size < 32 or args.images < 1:
         parser.error(f'--size must be >= 32 and --images >= 1, got '
                      f'{args.size} and {args.images}')
+    if args.data is None and osp.isdir(DEFAULT_DATA):
+        args.data = DEFAULT_DATA
     result = precision_check(args.arch, args.mode, args.size, args.images,
                              args.data)
     print(f"ClusTR-{args.arch} {args.mode} {args.size}, {result['inputs']}, "

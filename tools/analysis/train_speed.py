@@ -45,6 +45,8 @@ from mmengine.config import Config, DictAction  # noqa: E402
 from mmengine.hooks import Hook  # noqa: E402
 
 import clustr_mm  # noqa: E402,F401
+from clustr_mm.engine.cli_args import (  # noqa: E402
+    non_negative_int, positive_int)
 from clustr_mm.engine.short_run import run_short  # noqa: E402
 
 RESIZES = ('Resize', 'RandomResize', 'RandomChoiceResize')
@@ -131,25 +133,24 @@ def main(argv=None):
     parser.add_argument('config', help='config file or scope::path')
     parser.add_argument('--input-size', type=parse_size, metavar='WxH',
                         help='resize every training image to exactly W x H')
-    parser.add_argument('--batch', type=int, help='images per iteration')
-    parser.add_argument('--iters', type=int, default=10,
+    parser.add_argument('--batch', type=positive_int,
+                        help='images per iteration')
+    parser.add_argument('--iters', type=positive_int, default=10,
                         help='timed iterations (default 10)')
-    parser.add_argument('--warmup', type=int, default=3,
+    parser.add_argument('--warmup', type=non_negative_int, default=3,
                         help='untimed iterations first (default 3)')
     parser.add_argument('--work-dir', help='logs (default: a temporary dir)')
     parser.add_argument('--out', help='also write the JSON result here')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         default={}, help='override config entries')
     args = parser.parse_args(argv)
-    if args.iters < 1 or args.warmup < 0 or (args.batch or 1) < 1:
-        parser.error('--iters and --batch must be >= 1, --warmup >= 0')
 
     cfg = load(args.config)
     cfg.merge_from_dict(args.cfg_options)
     cfg.launcher = 'none'
     cfg.model.backbone.init_cfg = None
     loader = cfg.train_dataloader
-    if args.batch:
+    if args.batch is not None:
         loader.batch_size = args.batch
     if args.input_size and not fix_input_size(loader.dataset,
                                               args.input_size):

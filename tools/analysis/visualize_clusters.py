@@ -294,6 +294,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     either order: ``CONFIG [CHECKPOINT] --image IMAGE`` (mm tools) or
     ``IMAGE CONFIG [CHECKPOINT]``."""
     from mmengine.config import DictAction
+
+    from clustr_mm.engine.cli_args import (new_file, non_negative_int,
+                                           positive_int)
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
         usage='%(prog)s CONFIG [CHECKPOINT] --image IMAGE --out OUT '
@@ -307,19 +310,21 @@ def parse_args(argv=None) -> argparse.Namespace:
                         'when CONFIG comes first)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config entries, key=value')
-    parser.add_argument('--out', required=True, help='PNG to write')
+    parser.add_argument('--out', required=True, type=new_file,
+                        help='PNG to write')
     parser.add_argument('--stages', type=int, nargs='+',
                         help='0-based stages (default: every stage with '
                         'clusters)')
     parser.add_argument('--blocks', type=int, nargs='+', default=[0],
                         help='0-based blocks of each stage, negative from the '
                         'end (default: 0)')
-    parser.add_argument('--shape', type=int, nargs=2, default=(224, 224),
+    parser.add_argument('--shape', type=positive_int, nargs=2,
+                        default=(224, 224),
                         metavar=('H', 'W'),
                         help='model input size (default: 224 224)')
-    parser.add_argument('--num-heatmaps', type=int, default=6,
+    parser.add_argument('--num-heatmaps', type=non_negative_int, default=6,
                         help='soft clusters shown per block (default: 6)')
-    parser.add_argument('--tile', type=int, default=224,
+    parser.add_argument('--tile', type=positive_int, default=224,
                         help='panel width in pixels (default: 224)')
     args = parser.parse_args(argv)
 

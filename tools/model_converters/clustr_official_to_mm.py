@@ -36,13 +36,21 @@ def main():
     from clustr_mm.models.backbones.clustr import ClusTR
     from clustr_mm.checkpoints import (compare_state_dicts,
                                        convert_clustr_official,
-                                       infer_clustr_arch, read_checkpoint)
+                                       infer_clustr_arch,
+                                       paca_official_layout, read_checkpoint)
 
     try:  # weights-only: a downloaded checkpoint must not run code
-        official = read_checkpoint(args.src)
+        official = read_checkpoint(args.src, convert=False)
     except (OSError, ValueError, TypeError, RuntimeError) as e:
         sys.exit(f'error: {e}')
     converted, unmatched = convert_clustr_official(official)
+    paca = paca_official_layout(official)
+    if paca is not None:
+        sys.exit(f'error: {args.src} is an official PaCa-ViT checkpoint '
+                 f'({paca} layout), not a ClusTR one: convert it with '
+                 'tools/model_converters/paca_official_to_mm.py, or load it '
+                 'as it is (clustr_mm converts official PaCa-ViT files on '
+                 'load)')
     if not converted:
         ours = [k for k in official
                 if k.startswith(('backbone.stages.', 'stages.', 'backbone.'

@@ -22,8 +22,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from .pretrained import init_backbone_weights
 from ..layers.reducers import PointwiseConv
-from .checks import (check_images, check_int, check_per_stage,
-                     check_stage_output)
+from .checks import (check_bool, check_hidden_width, check_images,
+                     check_int, check_per_stage, check_stage_output)
 
 
 # smallest value and whether ints are required, per arch key
@@ -43,7 +43,8 @@ def parse_arch(arch: Union[str, dict], arch_zoo: Mapping[str, dict],
     entry becomes a tuple of one value per stage (``num_stages``, or as many
     as ``depths`` has), checked against :data:`ARCH_VALUES` (a stage has at
     least one block, head and channel; ``mlp_ratios`` are positive), and
-    every stage's ``embed_dims`` must divide by its ``num_heads``.
+    every stage's ``embed_dims`` must divide by its ``num_heads``, and its
+    ``mlp_ratios`` must leave the MLP at least one hidden channel.
     """
     if isinstance(arch, str):
         if arch not in arch_zoo:
@@ -84,6 +85,9 @@ def parse_arch(arch: Union[str, dict], arch_zoo: Mapping[str, dict],
         if dim % heads:
             raise ValueError(f'arch embed_dims[{i}]={dim} is not divisible '
                              f'by num_heads[{i}]={heads}')
+    for i, (dim, ratio) in enumerate(
+            zip(settings['embed_dims'], settings.get('mlp_ratios', ()))):
+        check_hidden_width(f'arch mlp_ratios[{i}]', dim, ratio)
     return settings
 
 
@@ -189,7 +193,7 @@ class PyramidBackbone(BaseModule):
             raise ValueError('drop_path_rate must be a number in [0, 1), got '
                              f'{drop_path_rate!r}')
         self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
+        self.norm_eval = check_bool('norm_eval', norm_eval)
 
     def _finish_init(self, with_cp: bool, keep_assignments: bool) -> None:
         """Apply the options that reach into the stages, then freeze."""

@@ -11,16 +11,9 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
+from ..layers.arg_checks import (check_bool, check_hidden_width,  # noqa: F401
+                                 check_int, check_number, warn_unused)
 from ..layers.graph_safety import assert_finite
-
-
-def check_int(name: str, value, minimum: int) -> int:
-    """``value`` as an int >= ``minimum`` (a bool is not an int here)."""
-    if (isinstance(value, bool) or not isinstance(value, numbers.Integral)
-            or value < minimum):
-        raise ValueError(f'{name} must be an int >= {minimum}, got '
-                         f'{value!r}')
-    return int(value)
 
 
 def check_per_stage(name: str, values, num_stages: Optional[int],

@@ -14,7 +14,8 @@ from ...registry import register_model
 from ..layers import (CLUSTR_SCALES, ClusterAttention, ConvFFN, DropPath,
                       OverlapPatchEmbed)
 from .base import PyramidBackbone, parse_arch, per_stage_reducers
-from .checks import check_int
+from ..layers.token_reducer import reducer_accepts
+from .checks import check_bool, check_int, warn_unused
 from .stage import PyramidStage, drop_path_rates
 
 # The earlier checkpoint key layout (patch_embeds.i, stages.i.j, norms.i):
@@ -76,10 +77,11 @@ class ClusTR(PyramidBackbone):
             ``window_size`` tokens and keeps keys/values global (dense
             prediction at any resolution). Both agree whenever one window
             covers a stage's grid, e.g. at 224x224 input.
-        window_size (int | Sequence[int]): Window side in tokens, for
-            'window' mode. An int is the stage-1 size, halved per stage (56
-            gives 56, 28, 14: the grids of a 224x224 image); a sequence gives
-            one size per stage. Default 56.
+        window_size (int | Sequence[int], optional): Window side in tokens,
+            for 'window' mode (given with 'exact' mode, it is unused and a
+            warning says so). An int is the stage-1 size, halved per stage
+            (56 gives 56, 28, 14: the grids of a 224x224 image); a sequence
+            gives one size per stage. Default None: 56.
         drop_path_rate (float): Stochastic depth rate, linearly increasing
             over blocks. Default 0.
         frozen_stages (int): Freeze (eval mode, no gradient) the first
@@ -128,6 +130,7 @@ class ClusTR(PyramidBackbone):
     essential_keys = ('embed_dims', 'depths', 'num_heads', 'mlp_ratios')
     default_sr_ratios = (8, 4, 2, 1)
     clustering_modes = ('exact', 'window')
+    default_window_size = 56
     # LayerNorms only (modes do not differ); BN/GN for configs shared with
     # other backbones
     norm_eval_types = (_BatchNorm, nn.LayerNorm, nn.GroupNorm)
@@ -140,7 +143,7 @@ class ClusTR(PyramidBackbone):
                  in_channels: int = 3,
                  out_indices: Sequence[int] = (0, 1, 2, 3),
                  clustering_mode: str = 'exact',
-                 window_size: Union[int, Sequence[int]] = 56,
+                 window_size: Union[int, Sequence[int], None] = None,
                  drop_path_rate: float = 0.0,
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
@@ -165,11 +168,13 @@ class ClusTR(PyramidBackbone):
                 f'clustering_mode must be one of {self.clustering_modes}, '
                 f'got {clustering_mode!r}')
         self.clustering_mode = clustering_mode
-        self.window_sizes = self._parse_window_size(window_size)
+        self.window_sizes = self._parse_window_size(
+            self.default_window_size if window_size is None else window_size)
         if max_chunk_elems is not None:
             check_int('max_chunk_elems', max_chunk_elems, 1)
         self.reducers = self._parse_reducers(reducers)
-        self.compact_qv = compact_qv
+        self.compact_qv = check_bool('compact_qv', compact_qv)
+        self._warn_unused(window_size, max_chunk_elems)
 
         rates = drop_path_rates(drop_path_rate, self.depths)
         windows = (self.window_sizes if clustering_mode == 'window' else
@@ -220,6 +225,22 @@ class ClusTR(PyramidBackbone):
                     f'than its sr_ratio {sr}: windows would hold fewer tokens '
                     'than one cluster stands for')
         return sizes
+
+    def _warn_unused(self, window_size, max_chunk_elems) -> None:
+        """Name the stage options that no part of this model reads."""
+        takes = [reducer_accepts(r) for r in self.reducers if r is not None]
+        if window_size is not None:
+            if self.clustering_mode == 'exact':
+                warn_unused('window_size', window_size,
+                            "clustering_mode='exact' clusters whole images "
+                            "(set clustering_mode='window' to use windows)")
+            elif not any('window_size' in t for t in takes):
+                warn_unused('window_size', window_size,
+                            'no reducer of this model clusters in windows')
+        if max_chunk_elems is not None and not any(
+                'max_chunk_elems' in t for t in takes):
+            warn_unused('max_chunk_elems', max_chunk_elems,
+                        'no reducer of this model computes distance chunks')
 
     def _parse_reducers(self, reducers) -> List[Optional[dict]]:
         """One reducer config (or None: full attention) per stage."""

@@ -19,7 +19,7 @@ from ...registry import register_model
 from ..layers import ConvFFN, DropPath, PaCaAttention, tokens_to_map
 from ..layers.token_reducer import reducer_class
 from .base import PyramidBackbone, parse_arch, per_stage_reducers
-from .checks import check_int, check_per_stage
+from .checks import check_bool, check_int, check_per_stage, warn_unused
 from .stage import PyramidStage, drop_path_rates, map_to_tokens
 
 Tokens = Tuple[torch.Tensor, Tuple[int, int]]
@@ -197,9 +197,12 @@ class PaCaViT(PyramidBackbone):
             variant, ``teacher_depths``. With ``clustering='teacher'`` the
             named archs use the official teacher depths (fewer student
             blocks, e.g. small: 3,3,7,3 + teacher 2,2,2,2).
-        clustering (str): How cluster assignments are computed: 'conv'
-            (depthwise 7x7 conv net, default), 'mlp' (per-token MLP) or
-            'teacher' (ConvMixer + FPN network for all stages).
+        clustering (str, optional): How cluster assignments are computed:
+            'conv' (depthwise 7x7 conv net; None means it), 'mlp' (per-token
+            MLP) or 'teacher' (ConvMixer + FPN network for all stages).
+            When ``reducers`` gives every clustered stage its own reducer the
+            network is not built: 'mlp' is then refused and 'conv' (the
+            default, e.g. from a base config) warned about.
         num_clusters (Sequence[int], optional): Clusters per stage; 0 means
             plain full self-attention. Default: (100, 100, 100, 0), or
             100 in every stage for the teacher variant.
@@ -265,13 +268,14 @@ class PaCaViT(PyramidBackbone):
         'base': dict(depths=(3, 3, 16, 3), teacher_depths=(2, 2, 4, 2)),
     }
     clusterings = ('conv', 'mlp', 'teacher')
+    default_clustering = 'conv'
     num_stages = 4
     # offered to reducers that size their summary by a reduction ratio
     default_sr_ratios = (8, 4, 2, 1)
 
     def __init__(self,
                  arch: Union[str, Dict] = 'small',
-                 clustering: str = 'conv',
+                 clustering: Optional[str] = None,
                  num_clusters: Optional[Sequence[int]] = None,
                  clustering_interval: int = 0,
                  in_channels: int = 3,
@@ -285,6 +289,9 @@ class PaCaViT(PyramidBackbone):
                  with_cp: bool = False,
                  init_cfg: Optional[Union[Dict, List[Dict]]] = None):
         super().__init__(init_cfg=init_cfg)
+        given_clustering = clustering
+        if clustering is None:
+            clustering = self.default_clustering
         if clustering not in self.clusterings:
             raise ValueError(f'clustering must be one of {self.clusterings}, '
                              f'got {clustering!r}')
@@ -318,7 +325,8 @@ class PaCaViT(PyramidBackbone):
 
         self.reducers = self._parse_reducers(reducers, clustering,
                                              num_clusters)
-        self.compact_qv = compact_qv
+        self.compact_qv = check_bool('compact_qv', compact_qv)
+        self._check_unused(given_clustering, reducers, clustering_interval)
         rates = drop_path_rates(drop_path_rate, depths)
         self.stages = nn.ModuleList()
         for i in range(self.num_stages):
@@ -345,6 +353,27 @@ class PaCaViT(PyramidBackbone):
                           if i > 0 else None)  # stage 1 starts at the stem
             self.stages.append(PyramidStage(downsample, blocks, embed_dims[i]))
         self._finish_init(with_cp, keep_assignments)
+
+    def _check_unused(self, clustering: Optional[str], reducers,
+                      clustering_interval: int) -> None:
+        """Refuse (or, for the default value, warn about) options that no
+        block reads once ``reducers`` replace the soft clustering."""
+        if reducers is None:
+            return
+        owned = [reducer_class(r) for r, m in zip(self.reducers,
+                                                  self.num_clusters) if m > 0]
+        if clustering is not None and all(c is not None for c in owned):
+            why = ('reducers gives every stage with clusters its own reducer, '
+                   'so no block builds the soft clustering network')
+            if clustering != self.default_clustering:
+                raise ValueError(f'clustering={clustering!r} is not used: '
+                                 f'{why}; leave clustering out (or None)')
+            warn_unused('clustering', clustering, why)
+        if clustering_interval and all(c is not None and not c.shareable
+                                       for c in owned):
+            warn_unused('clustering_interval', clustering_interval,
+                        'no reducer of this model can share its assignment, '
+                        'so every block clusters on its own')
 
     def _parse_reducers(self, reducers, clustering: str,
                         num_clusters: Sequence[int]) -> List[Optional[Dict]]:

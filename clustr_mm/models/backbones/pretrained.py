@@ -19,11 +19,19 @@ from mmengine.logging import print_log
 from mmengine.runner.checkpoint import CheckpointLoader
 from torch import nn
 
+from ...registry import skip_note
+
 StateDict = Dict[str, torch.Tensor]
 OFFICIAL_HINT = (
     'official PaCa-ViT files are recognised (and converted) by their keys '
     'patch_embed.proj.0.weight and stage1.0.attn.q.weight, at the top level '
     '(timm classifier) or under backbone. (mmdet / mmseg)')
+
+
+def _examples(keys, n: int = 3) -> str:
+    """`` (a, b, c, ... N more)``: a few names of a long list."""
+    more = f', ... {len(keys) - n} more' if len(keys) > n else ''
+    return ' (' + ', '.join(keys[:n]) + more + ')'
 
 
 def _default_reinit(module: nn.Module) -> None:
@@ -81,7 +89,8 @@ def load_backbone_state(model: nn.Module,
             f'{type(model).__name__} (wrong checkpoint or prefix?); '
             f'checkpoint keys start {list(state_dict)[:5]}, expected keys '
             f'like {list(own)[:5]} (with prefix, e.g. prefix=\'backbone.\': '
-            f'backbone.{next(iter(own), "")}); {OFFICIAL_HINT}')
+            f'backbone.{next(iter(own), "")}); {OFFICIAL_HINT}.'
+            + skip_note('checkpoint_loaders'))
 
     reinit = reinit or _default_reinit
     owners = sorted({key.rsplit('.', 1)[0] for key in mismatched})
@@ -100,10 +109,12 @@ def load_backbone_state(model: nn.Module,
                      ', '.join(f'{k} {ckpt}->{ours}'
                                for k, (ckpt, ours) in mismatched.items()))
     if report['missing']:
-        lines.append('missing in checkpoint: ' + ', '.join(report['missing']))
+        lines.append(f"{len(report['missing'])} model tensors missing in "
+                     f"the checkpoint{_examples(report['missing'])}")
     if report['unexpected']:
-        lines.append('unused checkpoint keys: ' +
-                     ', '.join(report['unexpected']))
+        lines.append(f"{len(report['unexpected'])} of the "
+                     f'{len(state_dict)} checkpoint tensors unused by the '
+                     f"model{_examples(report['unexpected'])}")
     if lines:
         warnings.warn(
             f'{type(model).__name__}: loaded {len(loadable)} of {len(own)} '

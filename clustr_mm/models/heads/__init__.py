@@ -17,6 +17,7 @@ from ...registry import change_wanted
 # scope -> our modules that register into it (through the root registry)
 _SCOPE_MODULES = {'mmseg': ('.paca_seg_head', )}
 _LAZY = {'PaCaSegHead': '.paca_seg_head'}
+LAZY_HEADS = tuple(_LAZY)  # registered only when their scope is imported
 
 
 def _import_scope_modules(scope: str) -> None:

@@ -9,8 +9,10 @@ maths of the released models).
 from typing import List, Optional, Tuple, Union
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from .arg_checks import check_bool, check_number
 from .attention import multi_head_attention
 from .dpc_knn.common import CLUSTR_SCALES
 from .token_reducer import TokenReducer, apply_assignment, build_reducer
@@ -77,6 +79,13 @@ class SummaryAttention(nn.Module):
                  proj_drop: float = 0.0,
                  reducer_context: Optional[dict] = None):
         super().__init__()
+        for name, value in (('shared', shared), ('qkv_bias', qkv_bias),
+                            ('summary_norm', summary_norm),
+                            ('compact_qv', compact_qv)):
+            check_bool(name, value)
+        if token_weights is not None:
+            check_bool('token_weights', token_weights)
+        check_number('proj_drop', proj_drop, 0, 1)
         if dim % num_heads:
             raise ValueError(
                 f'dim {dim} is not divisible by num_heads {num_heads}')
@@ -167,15 +176,27 @@ class SummaryAttention(nn.Module):
             tokens, w = x, None
             if self.clustering.fp32:
                 # One cast for the reducer and the token weights: no cast
-                # of them under autocast, and exp of an fp32 logit.
+                # of them under autocast, and exp of an fp32 logit (from
+                # the layer's weights in fp32 too, whatever the model's
+                # dtype: .half() / .bfloat16() / .double()).
                 tokens = x.float()
-                if self.weight_layer is not None:
+                layer = self.weight_layer
+                if layer is not None:
                     with torch.autocast(x.device.type, enabled=False):
-                        w = self.weight_layer(tokens).exp()
+                        if layer.weight.dtype == torch.float32:
+                            w = layer(tokens).exp()
+                        else:
+                            w = F.linear(tokens, layer.weight.float(),
+                                         layer.bias.float()).exp()
             elif self.weight_layer is not None:
                 w = self.weight_layer(x).exp()
             # keywords: hooks (e.g. the FLOP counter's) read x, hw by name
             summaries, assignments = self.clustering(tokens, hw=hw, weights=w)
+            if tokens is not x:
+                # back to what the projections compute in: the model's
+                # dtype (autocast's, when on, is what the reducer gave)
+                summaries = [z if z.dtype == q.dtype else z.to(q.dtype)
+                             for z in summaries]
         elif self.shared:
             if assignment is None:
                 raise ValueError('this layer has no reducer of its own and '

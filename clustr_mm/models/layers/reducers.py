@@ -33,6 +33,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...registry import register_model
+from .arg_checks import (check_bool, check_hidden_width, check_int,
+                         check_number, check_optional_int)
 from .attention import split_heads
 from .dpc_knn.dispatch import plan_for
 from .dpc_knn.reference import augment
@@ -96,7 +98,8 @@ class SoftCluster(TokenReducer):
         num_clusters (int): M.
         net (str): 'conv' or 'mlp'. Default 'conv'.
         kernel_size (int): Depthwise kernel of the conv net. Default 7.
-        mlp_ratio (int): Hidden ratio of the mlp net. Default 4.
+        mlp_ratio (float): Hidden ratio of the mlp net (``int(dim *
+            mlp_ratio)`` channels, at least 1). Default 4.
     """
     shareable = True
     nets = ('conv', 'mlp')
@@ -104,11 +107,15 @@ class SoftCluster(TokenReducer):
     def __init__(self, dim: int, num_clusters: int, net: str = 'conv',
                  kernel_size: int = 7, mlp_ratio: int = 4):
         super().__init__()
-        if not isinstance(num_clusters, int) or num_clusters < 1:
-            raise ValueError(f'num_clusters must be a positive int, got '
-                             f'{num_clusters!r}')
+        check_int('dim', dim, 1)
+        check_int('num_clusters', num_clusters, 1)
         if net not in self.nets:
             raise ValueError(f'net must be one of {self.nets}, got {net!r}')
+        check_int('kernel_size', kernel_size, 1)
+        if kernel_size % 2 == 0:
+            raise ValueError(f'kernel_size must be odd (the map keeps its '
+                             f'size with padding k // 2), got {kernel_size}')
+        hidden = check_hidden_width('mlp_ratio', dim, mlp_ratio)
         self.net = net
         self.num_clusters = num_clusters
         if net == 'conv':
@@ -117,8 +124,8 @@ class SoftCluster(TokenReducer):
             self.pwconv = PointwiseConv(dim, dim)
             self.to_clusters = PointwiseConv(dim, num_clusters, bias=False)
         else:
-            self.fc1 = nn.Linear(dim, dim * mlp_ratio)
-            self.fc2 = nn.Linear(dim * mlp_ratio, num_clusters)
+            self.fc1 = nn.Linear(dim, hidden)
+            self.fc2 = nn.Linear(hidden, num_clusters)
         self.act = nn.GELU()
 
     def num_tokens(self, hw: Grid) -> List[int]:
@@ -164,9 +171,9 @@ class GridPool(TokenReducer):
 
     def __init__(self, dim: int, sr_ratio: int, norm_eps: float = 1e-5):
         super().__init__()
-        if not isinstance(sr_ratio, int) or sr_ratio < 1:
-            raise ValueError(f'sr_ratio must be a positive int, got '
-                             f'{sr_ratio!r}')
+        check_int('dim', dim, 1)
+        check_int('sr_ratio', sr_ratio, 1)
+        check_number('norm_eps', norm_eps, 0, low_open=True)
         self.sr_ratio = sr_ratio
         self.sr = nn.Conv2d(dim, dim, sr_ratio, stride=sr_ratio)
         self.norm = nn.LayerNorm(dim, eps=norm_eps)
@@ -260,12 +267,10 @@ class CentroidAttention(TokenReducer):
                              'num_clusters with init="pool")')
         for name, value in (('sr_ratio', sr_ratio),
                             ('num_clusters', num_clusters), ('knn', knn)):
-            if value is not None and (not isinstance(value, int)
-                                      or value < 1):
-                raise ValueError(f'{name} must be a positive int, got '
-                                 f'{value!r}')
-        if not isinstance(iters, int) or iters < 1:
-            raise ValueError(f'iters must be a positive int, got {iters!r}')
+            check_optional_int(name, value, 1)
+        check_int('iters', iters, 1)
+        check_int('num_heads', num_heads, 1)
+        check_bool('qkv_bias', qkv_bias)
         if dim % num_heads:
             raise ValueError(f'dim {dim} is not divisible by num_heads '
                              f'{num_heads}')

@@ -134,3 +134,14 @@ def assignment_map(assignment: torch.Tensor, hw: Grid) -> torch.Tensor:
     if a.dtype == torch.long:
         return a.reshape(a.shape[0], *hw)
     return a.reshape(a.shape[0], a.shape[1], *hw)
+
+
+def reducer_accepts(cfg: Union[dict, TokenReducer]) -> frozenset:
+    """The stage settings a reducer config takes from its stage: the
+    constructor arguments it accepts and does not set itself (none for a
+    ready module)."""
+    cls = reducer_class(cfg)
+    if isinstance(cfg, TokenReducer):
+        return frozenset()
+    accepted = set(inspect.signature(cls.__init__).parameters) - {'self'}
+    return frozenset(accepted - set(cfg))

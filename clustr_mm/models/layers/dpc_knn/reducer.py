@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from ....registry import register_model
+from ..arg_checks import check_dpc_knn_args
 from ..graph_safety import is_tracing
 from ..token_reducer import Grid, Reduction, TokenReducer
 from .common import (CLUSTR_SCALES, ClusteringPlan, ClusterIds,
@@ -159,8 +160,8 @@ class DPCKNN(TokenReducer):
                  plan: Optional[ClusteringPlan] = None,
                  precision: str = 'ieee'):
         super().__init__()
-        if window_size is not None and window_size < 1:
-            raise ValueError(f'window_size must be >= 1, got {window_size}')
+        check_dpc_knn_args(sr_ratio, scale_factors, k, window_size,
+                           max_chunk_elems)
         self.sr_ratio = sr_ratio
         self.scale_factors = tuple(scale_factors)
         self.k = k

@@ -1,0 +1,48 @@
+"""argparse types the tools share: a bad value is refused when the command
+line is read (``argument --batch: must be an int >= 1, got '0'``), before
+any model is built or data is read."""
+import argparse
+import os.path as osp
+
+
+def _int_at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(
+                f'must be an int >= {minimum}, got {text!r}')
+        return value
+    parse.__name__ = f'int >= {minimum}'
+    return parse
+
+
+positive_int = _int_at_least(1)
+non_negative_int = _int_at_least(0)
+
+
+def existing_dir(text: str) -> str:
+    """A directory that exists."""
+    if not osp.isdir(text):
+        what = 'is a file, not a directory' if osp.exists(text) else (
+            'does not exist')
+        raise argparse.ArgumentTypeError(f'{text!r} {what}')
+    return text
+
+
+def new_file(text: str) -> str:
+    """A path a file can be written to: not an existing directory, and its
+    parent is a directory or can be made."""
+    if osp.isdir(text):
+        raise argparse.ArgumentTypeError(
+            f'{text!r} is a directory; give a file name (e.g. '
+            f'{osp.join(text, "clusters.png")})')
+    parent = osp.dirname(osp.abspath(text))
+    while parent and not osp.exists(parent):
+        parent = osp.dirname(parent)
+    if parent and not osp.isdir(parent):
+        raise argparse.ArgumentTypeError(
+            f'{text!r}: {parent} is a file, so no directory can be made there')
+    return text

@@ -1,0 +1,225 @@
+"""Cheap checks of a config's data before a run, naming the file and value.
+
+The libraries fail on bad data late and without saying where: an empty
+ImageNet list or a COCO file without annotations gives "need at least one
+array to concatenate", a zero-byte JPEG an image-decoding error, a label
+beyond the classes an index error inside the loss. ``tools/train.py`` and
+``tools/test.py`` call :func:`check_data` on the dataloaders they will use
+before the runner is built. What is read: annotation lists and COCO files
+(files up to :data:`MAX_JSON_BYTES`), one ``stat`` per listed image, and the
+first :data:`MAX_LABEL_MAPS` segmentation label maps (a full ADE20K
+training set has 20,210: reading them all would take minutes).
+"""
+import json
+import os
+import os.path as osp
+from typing import Iterable, List, Optional, Tuple
+
+MAX_JSON_BYTES = 64 << 20
+MAX_LABEL_MAPS = 200
+IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.webp', '.tif', '.tiff')
+WRAPPERS = ('dataset', 'datasets')
+
+
+class DataCheckError(ValueError):
+    """The data a config points at cannot be trained or evaluated on."""
+
+
+def _get(node, key, default=None):
+    return node.get(key, default) if hasattr(node, 'get') else default
+
+
+def _datasets(dataset) -> Iterable:
+    """The leaf dataset configs under wrappers (Repeat, ClassBalanced,
+    Concat)."""
+    if not hasattr(dataset, 'get'):
+        return
+    inner = [_get(dataset, k) for k in WRAPPERS if _get(dataset, k)]
+    if not inner:
+        yield dataset
+        return
+    for item in inner:
+        for leaf in (item if isinstance(item, (list, tuple)) else [item]):
+            yield from _datasets(leaf)
+
+
+def _join(root: str, path: str) -> str:
+    return path if not root or osp.isabs(path) else osp.join(root, path)
+
+
+def _prefix(dataset, key: str) -> str:
+    prefix = _get(dataset, 'data_prefix') or ''
+    if isinstance(prefix, str):
+        return prefix
+    return _get(prefix, key, '') or ''
+
+
+def _few(items: List[str], n: int = 3) -> str:
+    more = f', ... {len(items) - n} more' if len(items) > n else ''
+    return ', '.join(items[:n]) + more
+
+
+def _bad_images(paths: Iterable[str]) -> Tuple[List[str], List[str]]:
+    """(missing, zero-byte) among ``paths``: one stat each."""
+    missing, empty = [], []
+    for path in paths:
+        try:
+            if os.stat(path).st_size == 0:
+                empty.append(path)
+        except OSError:
+            missing.append(path)
+    return missing, empty
+
+
+def _report_images(where: str, paths: List[str]) -> None:
+    missing, empty = _bad_images(paths)
+    if empty:
+        raise DataCheckError(
+            f'{where}: {len(empty)} of {len(paths)} images are empty '
+            f'(0 bytes): {_few(empty)}; remove them from the annotations or '
+            'replace the files')
+    if missing:
+        raise DataCheckError(
+            f'{where}: {len(missing)} of {len(paths)} images do not exist: '
+            f'{_few(missing)}')
+
+
+def check_image_list(path: str, image_dir: str,
+                     num_classes: Optional[int]) -> None:
+    """An mmpretrain ``path label`` list: not empty, labels in
+    ``[0, num_classes)``, every image present and non-empty."""
+    entries = []
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            name, _, label = line.rpartition(' ')
+            if not name:  # no label: an unlabelled list (e.g. test)
+                name, label = label, None
+            if label is not None:
+                try:
+                    value = int(label)
+                except ValueError:
+                    raise DataCheckError(
+                        f'{path} line {number}: label {label!r} is not an '
+                        'int (lines are "relative/path.JPEG label")') from None
+                if value < 0 or (num_classes is not None
+                                 and value >= num_classes):
+                    raise DataCheckError(
+                        f'{path} line {number}: label {value} is outside the '
+                        f'{num_classes} classes of the model (0..'
+                        f'{(num_classes or 0) - 1}): {line!r}')
+            entries.append(_join(image_dir, name))
+    if not entries:
+        raise DataCheckError(
+            f'{path} lists no images (an empty annotation list): nothing to '
+            'train or evaluate on')
+    _report_images(path, entries)
+
+
+def check_coco_file(path: str, image_dir: str, needs_annotations: bool
+                    ) -> None:
+    """A COCO-style JSON: images listed and present, annotations present
+    (when the split is trained or evaluated against them)."""
+    if os.path.getsize(path) > MAX_JSON_BYTES:
+        return  # the library parses it anyway; too slow to read twice
+    with open(path) as f:
+        try:
+            data = json.load(f)
+        except ValueError as err:
+            raise DataCheckError(f'{path} is not valid JSON: {err}') from None
+    if not isinstance(data, dict) or 'images' not in data:
+        return  # not COCO-style (e.g. a detection-results file)
+    images = data.get('images') or []
+    if not images:
+        raise DataCheckError(f'{path} lists no images ("images" is empty)')
+    if needs_annotations and not data.get('annotations'):
+        raise DataCheckError(
+            f'{path} has no annotations ({len(images)} images, 0 '
+            'annotations): nothing to train or evaluate against')
+    _report_images(path, [_join(image_dir, im.get('file_name', ''))
+                          for im in images])
+
+
+def check_label_maps(label_dir: str, num_classes: Optional[int],
+                     reduce_zero_label: bool, ignore_index: int = 255
+                     ) -> None:
+    """Segmentation label maps: values are classes or the ignore index (with
+    ``reduce_zero_label`` the stored values are 0 (ignored) and 1..C)."""
+    import numpy as np
+    from PIL import Image
+    if not osp.isdir(label_dir):
+        raise DataCheckError(f'label map folder {label_dir} does not exist')
+    files = sorted(osp.join(root, name)
+                   for root, _, names in os.walk(label_dir)
+                   for name in names if name.lower().endswith('.png'))
+    if not files:
+        raise DataCheckError(f'{label_dir} holds no .png label maps')
+    _report_images(label_dir, files)
+    if num_classes is None:
+        return
+    top = num_classes if reduce_zero_label else num_classes - 1
+    for path in files[:MAX_LABEL_MAPS]:
+        values = np.unique(np.asarray(Image.open(path)))
+        bad = [int(v) for v in values if v > top and v != ignore_index]
+        if bad:
+            stored = (f'1..{top} (0 is ignored: reduce_zero_label)'
+                      if reduce_zero_label else f'0..{top}')
+            raise DataCheckError(
+                f'{path}: label value(s) {bad} beyond the {num_classes} '
+                f'classes of the model (stored values {stored}, '
+                f'{ignore_index} ignored)')
+
+
+def _num_classes(cfg, scope: str) -> Optional[int]:
+    model = cfg.get('model') or {}
+    head = _get(model, 'decode_head' if scope == 'mmseg' else 'head')
+    value = _get(head, 'num_classes')
+    return value if isinstance(value, int) else None
+
+
+def _reduce_zero_label(dataset) -> bool:
+    for step in _get(dataset, 'pipeline') or []:
+        if _get(step, 'type') == 'LoadAnnotations' and _get(
+                step, 'reduce_zero_label') is not None:
+            return bool(step['reduce_zero_label'])
+    value = _get(dataset, 'reduce_zero_label')
+    if value is not None:
+        return bool(value)
+    return 'ADE20K' in str(_get(dataset, 'type', ''))
+
+
+def check_dataset(cfg, dataset, split: str) -> None:
+    """Check one dataset config of ``cfg`` (see the module docstring)."""
+    scope = cfg.get('default_scope')
+    root = _get(dataset, 'data_root') or ''
+    ann = _get(dataset, 'ann_file') or ''
+    if ann:
+        path = _join(root, ann)
+        if not osp.isfile(path):
+            raise DataCheckError(f'{split} dataset: ann_file {path} does not '
+                                 'exist')
+        if scope == 'mmpretrain' and path.endswith('.txt'):
+            check_image_list(path, _join(root, _prefix(dataset, 'img_path')),
+                             _num_classes(cfg, scope))
+        elif path.endswith('.json'):
+            check_coco_file(path, _join(root, _prefix(dataset, 'img')),
+                            needs_annotations=not _get(dataset, 'test_mode'))
+    if scope == 'mmseg' and _prefix(dataset, 'seg_map_path'):
+        check_label_maps(_join(root, _prefix(dataset, 'seg_map_path')),
+                         _num_classes(cfg, scope),
+                         _reduce_zero_label(dataset),
+                         _get(dataset, 'ignore_index', 255))
+
+
+def check_data(cfg, loaders: Iterable[str]) -> None:
+    """Check the datasets of the named dataloaders of ``cfg`` (e.g.
+    ``train_dataloader``); raises :class:`DataCheckError` naming the file
+    and the value."""
+    for name in loaders:
+        loader = cfg.get(name)
+        if not loader:
+            continue
+        for dataset in _datasets(_get(loader, 'dataset')):
+            check_dataset(cfg, dataset, name.replace('_dataloader', ''))
