@@ -7,6 +7,7 @@ few behaviours that differ per library are dispatched on it.
 import argparse
 import os
 import os.path as osp
+import re
 
 import torch
 from mmengine.config import Config, DictAction
@@ -32,13 +33,30 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--local-rank', '--local_rank', type=int, default=0)
 
 
+def read_config(path: str) -> Config:
+    """``Config.fromfile(path)``; a base config that cannot be found is
+    named with the ``scope::path`` references of the file (MMEngine names
+    only the resolved path inside the installed library)."""
+    try:
+        return Config.fromfile(path)
+    except FileNotFoundError as err:
+        with open(path) as f:
+            refs = re.findall(r'''['"]([\w-]+::[^'"]+)['"]''', f.read())
+        hint = (f'; it inherits {", ".join(refs)} (scope::path: a config '
+                "inside the installed library's configs folder; check the "
+                'path there)' if refs else '')
+        raise FileNotFoundError(
+            f'{path}: a config it inherits cannot be found: {err}{hint}'
+        ) from None
+
+
 def load_config(args: argparse.Namespace) -> Config:
     """Read the config, apply overrides, set work dir and launcher."""
     if not osp.isfile(args.config):
         raise FileNotFoundError(f'config file not found: {args.config}')
     if 'LOCAL_RANK' not in os.environ:
         os.environ['LOCAL_RANK'] = str(args.local_rank)
-    cfg = Config.fromfile(args.config)
+    cfg = read_config(args.config)
     cfg.merge_from_dict(args.cfg_options)
     scope = cfg.get('default_scope')
     if scope not in SCOPES:
