@@ -51,7 +51,10 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     cfg = load_config(args)
-    check_train_length(cfg)
+    try:
+        check_train_length(cfg)
+    except ValueError as err:
+        sys.exit(f'[train] {args.config}: {err}')
 
     if args.amp:
         print(f'[train] --amp: {use_amp(cfg)}', flush=True)

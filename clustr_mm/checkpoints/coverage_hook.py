@@ -127,9 +127,8 @@ class CheckpointCoverageHook(Hook):
             runner.logger.warning(f'{text} Loading it anyway ({OPTION}).')
             return
         raise PartialLoadError(
-            f'{text} The model would run with random weights where tensors '
-            'are unloaded, and is not the model the checkpoint was trained '
-            'as where checkpoint tensors are unused. If that '
+            f'{text} Unloaded tensors would run with random weights; unused '
+            'checkpoint tensors mean the file is of another model. If that '
             'is intended (e.g. fine-tuning a detector with other classes), '
             'pass --allow-partial-load to tools/train.py / tools/test.py or '
             f'set {OPTION} = True in the config.')

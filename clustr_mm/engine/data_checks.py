@@ -195,6 +195,13 @@ def check_dataset(cfg, dataset, split: str) -> None:
     scope = cfg.get('default_scope')
     root = _get(dataset, 'data_root') or ''
     ann = _get(dataset, 'ann_file') or ''
+    split = _get(dataset, 'split')
+    if (scope == 'mmpretrain' and not ann and split
+            and osp.isfile(_join(root, f'meta/{split}.txt'))):
+        # mmpretrain's ImageNet: split='train' reads meta/train.txt, train/
+        ann = f'meta/{split}.txt'
+        dataset = dict(dataset, data_prefix=_get(dataset, 'data_prefix')
+                       or split)
     if ann:
         path = _join(root, ann)
         if not osp.isfile(path):

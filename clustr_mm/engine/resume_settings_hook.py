@@ -42,8 +42,11 @@ def optimizer_overrides(current: List[Mapping], saved: List[Mapping],
         if changed:
             i, ours, theirs = changed[0]
             name = 'lr' if key == 'initial_lr' else key
-            where = (f' (param group {i}, {len(changed)} of {len(current)} '
-                     'groups)' if len(current) > 1 else '')
+            where = ('' if len(current) == 1 else
+                     f' (all {len(current)} param groups)'
+                     if len(changed) == len(current) else
+                     f' (param group {i}; {len(changed)} of {len(current)} '
+                     'groups differ)')
             lines.append(f'{prefix} {name}: {ours!r} in the config -> '
                          f'{theirs!r} from the checkpoint{where}')
     return lines
