@@ -28,10 +28,10 @@ from clustr_mm.engine.resume_settings_hook import (ResumeSettingsHook,
                                                    optimizer_overrides,
                                                    scheduler_overrides)
 from clustr_mm.models.backbones.pretrained import load_backbone_state
-from clustr_mm.models.layers import ClusterAttention
+from clustr_mm.models.layers import DPCKNN, ClusterAttention
 from clustr_mm.models.layers.cluster_attention import SummaryAttention
-from clustr_mm.models.layers.reducers import (DPCKNN, CentroidAttention,
-                                              GridPool, SoftCluster)
+from clustr_mm.models.layers.reducers import (CentroidAttention, GridPool,
+                                              SoftCluster)
 from clustr_mm.registry import skip_note
 
 from conftest import ROOT, load_tool, run_tool

@@ -81,7 +81,7 @@ def warn_unused(name: str, value, why: str) -> None:
 def check_dpc_knn_args(sr_ratio, scale_factors, k, window_size,
                        max_chunk_elems) -> None:
     """The DPC-kNN clustering's numeric arguments (see
-    :class:`~.token_clustering.DPCKNNClustering`)."""
+    :class:`~.dpc_knn.DPCKNN`)."""
     check_int('sr_ratio', sr_ratio, 1)
     check_int_sequence('scale_factors', scale_factors, 1)
     # k counts the token itself (its distance 0): k = 1 would give every
