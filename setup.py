@@ -34,6 +34,11 @@ EXTRAS = {
     # (its declared chumpy dependency does not build); these are its real
     # runtime needs.
     'pose': [MMCV, 'json_tricks', 'munkres', 'xtcocotools'],
+    # tools/deployment/pytorch2onnx.py: export and the check in ONNX Runtime
+    # (onnxscript: torch's dynamo exporter). ml_dtypes >= 0.6 needs numpy 2;
+    # the bound keeps an environment's numpy 1.x where it has one.
+    'onnx': ['onnx>=1.23', 'onnxruntime>=1.32', 'onnxscript>=0.7',
+             'ml_dtypes<0.6'],
 }
 EXTRAS['all'] = sorted({r for reqs in EXTRAS.values() for r in reqs})
 

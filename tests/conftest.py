@@ -130,9 +130,9 @@ def logged_losses(work_dir):
             if 'loss' in r]
 
 
-def load_tool(name):
-    """The module of ``tools/analysis/<name>.py``, to call its functions."""
-    path = ROOT / 'tools' / 'analysis' / f'{name}.py'
+def load_tool(name, folder='analysis'):
+    """The module of ``tools/<folder>/<name>.py``, to call its functions."""
+    path = ROOT / 'tools' / folder / f'{name}.py'
     spec = importlib.util.spec_from_file_location(f'_tool_{name}', path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

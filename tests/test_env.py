@@ -23,7 +23,7 @@ def _pins():
         return {}
     torch_req = 'torch.txt' if STACK == 'default' else f'{STACK}.txt'
     pins = {}
-    for name in (torch_req, 'mmlibs.txt'):
+    for name in (torch_req, 'mmlibs.txt', 'onnx.txt'):
         for line in (ROOT / 'requirements' / name).read_text().splitlines():
             m = re.match(r'^([A-Za-z0-9_.-]+)==([^\s#]+)', line)
             if m:

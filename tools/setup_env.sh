@@ -7,7 +7,8 @@
 #   CLUSTR_MM_STACK=torch2.1 bash tools/setup_env.sh # torch 2.1.2 -> .venv-torch2.1
 #
 # A stack is its torch pair, requirements/torch.txt (default) or
-# requirements/torch<X.Y>.txt, plus the shared lock requirements/mmlibs.txt.
+# requirements/torch<X.Y>.txt, plus the shared locks requirements/mmlibs.txt,
+# tests.txt and onnx.txt (ONNX export and ONNX Runtime).
 # Override the venv path with CLUSTR_MM_VENV, the base interpreter with
 # CLUSTR_MM_PYTHON.
 #
@@ -84,7 +85,28 @@ trap fail ERR
 # Everything that defines the environment; a change re-runs the installs.
 fingerprint() {
   cat "$TORCH_REQ" "$ROOT"/requirements/mmlibs.txt "$ROOT"/requirements/tests.txt \
-    "$ROOT/tools/setup_env.sh" "$ROOT/setup.py" | sha256sum | cut -c1-16
+    "$ROOT"/requirements/onnx.txt "$ROOT/tools/setup_env.sh" "$ROOT/setup.py" \
+    | sha256sum | cut -c1-16
+}
+
+# The versions an install must not move (valid once mmcv is installed).
+stack_versions() {
+  "$PY" -c 'from importlib.metadata import version as v
+print(*(f"{d}=={v(d)}" for d in ("torch", "torchvision", "mmcv", "mmengine", "numpy")))'
+}
+
+# install_keeping_stack WHAT PIP_ARGS...: pip install, then fail if that
+# changed stack_versions.
+install_keeping_stack() {
+  local what="$1" before after
+  shift
+  before=$(stack_versions)
+  "${PIP[@]}" install -q "$@"
+  after=$(stack_versions)
+  if [ "$before" != "$after" ]; then
+    echo "[setup_env] $what changed the stack: $before -> $after" >&2
+    false
+  fi
 }
 
 step "1/7 virtual environment ($VENV, stack $STACK)"
@@ -145,6 +167,10 @@ sys.exit(0 if (int(v[0]), int(v[1])) >= (2, 5) else 1)'; then
   # -c: nothing here may move the stack's torch pair.
   "${PIP[@]}" install -q -r "$ROOT/requirements/mmlibs.txt" -r "$ROOT/requirements/tests.txt" \
     -c "$TORCH_REQ" "$WHEEL_DIR"/mmcv-*.whl addict rich termcolor yapf
+  # ONNX export and its check; onnx/onnxscript would take numpy 2 with them
+  # (through ml_dtypes >= 0.6) if the lock did not hold them.
+  install_keeping_stack "requirements/onnx.txt" -r "$ROOT/requirements/onnx.txt" \
+    -c "$TORCH_REQ" -c "$ROOT/requirements/mmlibs.txt"
 
   step "5/7 xtcocotools $XTCOCO_VERSION from source (the binary wheel breaks on this numpy)"
   NP_V=$("$PY" -c 'import numpy; print(numpy.__version__)')
@@ -162,17 +188,7 @@ sys.exit(0 if (int(v[0]), int(v[1])) >= (2, 5) else 1)'; then
   "${PIP[@]}" install -q --no-deps mmpose==1.3.2 openmim==0.3.9
 
   step "7/7 clustr_mm (editable, plain 'pip install -e .': must not move the stack)"
-  stack_versions() {
-    "$PY" -c 'from importlib.metadata import version as v
-print(*(f"{d}=={v(d)}" for d in ("torch", "torchvision", "mmcv", "mmengine", "numpy")))'
-  }
-  BEFORE=$(stack_versions)
-  "${PIP[@]}" install -q -e "$ROOT"
-  AFTER=$(stack_versions)
-  if [ "$BEFORE" != "$AFTER" ]; then
-    echo "[setup_env] 'pip install -e .' changed the stack: $BEFORE -> $AFTER" >&2
-    false
-  fi
+  install_keeping_stack "'pip install -e .'" -e "$ROOT"
   fingerprint >"$STAMP"
 fi
 
@@ -180,7 +196,8 @@ STEP="final check"
 "$PY" - <<'PYCHECK'
 import importlib
 import torch
-for name in ('torch', 'mmengine', 'mmcv', 'mmdet', 'mmseg', 'mmpretrain', 'mmpose', 'clustr_mm'):
+for name in ('torch', 'mmengine', 'mmcv', 'mmdet', 'mmseg', 'mmpretrain', 'mmpose',
+             'onnx', 'onnxruntime', 'clustr_mm'):
     mod = importlib.import_module(name)
     print(f'[setup_env]   {name:10s} {mod.__version__}')
 from mmcv.ops import RoIAlign, nms

@@ -1,0 +1,487 @@
+"""Export a clustr_mm model to ONNX and check it in ONNX Runtime.
+
+    python tools/deployment/pytorch2onnx.py CONFIG [CHECKPOINT] --shape H W
+        [--batch N] [--dynamic] [--out FILE] [--part {model,backbone}]
+        [--exporter {torchscript,dynamo}] [--opset 17] [--tol 1e-4]
+        [--check-shape B H W ...] [--cfg-options k=v ...]
+
+What is exported (the tensor path, as the libraries' own tools; no data
+preprocessing: the graph takes the normalised NCHW float image):
+
+- a backbone (a config whose ``model`` is a backbone, or ``--part backbone``
+  of any config): the tuple of feature maps, outputs ``feat0``, ``feat1``...;
+- mmpretrain classifiers: the logits (``logits``), no softmax;
+- mmseg segmentors: whole-image logits (``seg_logits``: the decode head's
+  output resized to the input, as mmseg's 'whole' inference; no auxiliary
+  head);
+- mmpose top-down estimators: the head's output (``output0``...);
+- mmdet detectors: the dense tensor outputs (``output0``...): a one-stage
+  detector's head maps (class scores, box deltas per level); a two-stage
+  detector's neck features, then its RPN head's maps. Box decoding, NMS and
+  the RoI heads are data-dependent and not in the graph.
+
+CHECKPOINT (optional; random weights, seed 0, without it): a whole-model
+runner checkpoint, or backbone weights when exporting a backbone. Loaded
+strictly: a deployed file must not silently miss weights.
+
+After the export the file is run in ONNX Runtime (CPU) and compared with
+PyTorch (eval mode) on the same random inputs (normal, seed 0): at
+(``--batch``, H, W), and with ``--dynamic`` (batch, height and width are
+graph inputs) also at every ``--check-shape B H W`` (default one more:
+batch + 1, H + 17, W + 11). The largest difference of every output is
+printed; if one exceeds ``--tol`` times max(1, the largest |PyTorch value|
+of that output) the file is not written and the tool exits 1. Without
+``--dynamic`` the graph has a static input shape and ONNX Runtime refuses
+any other (an error, never a wrong output).
+
+ClusTR (DPC-kNN clustering) graphs are right only at their export height
+and width (the clustering windows and cluster counts are fixed when
+traced): with ``--dynamic`` only the batch is a graph input, height and
+width stay fixed dims that ONNX Runtime enforces, and a ``--check-shape``
+of another size is refused. Export one file per input size.
+
+Exporters: ``torchscript`` (default; ``torch.onnx.export(..., dynamo=False)``
+where torch has the argument) or ``dynamo`` (``dynamo=True``, torch >= 2.5
+with onnxscript installed). Opset 17 by default. See docs/deployment.md for
+what exports with which exporter and the differences measured.
+"""
+import argparse
+import importlib
+import inspect
+import os
+import os.path as osp
+import sys
+import tempfile
+import time
+import warnings
+from typing import Dict, List, Optional, Sequence, Tuple
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from mmengine.config import Config, DictAction  # noqa: E402
+from torch import nn  # noqa: E402
+
+import clustr_mm  # noqa: E402,F401  (registers the backbones)
+
+SCOPES = ('mmpretrain', 'mmdet', 'mmseg', 'mmpose')
+EXPORTERS = ('torchscript', 'dynamo')
+PARTS = ('model', 'backbone')
+
+
+class ExportError(RuntimeError):
+    """The export or its check failed; the message says what and where."""
+
+
+# --------------------------------------------------------------------------
+# What is exported
+
+
+def build_model(cfg: Config) -> Tuple[nn.Module, Optional[str]]:
+    """(model, its library's scope or None for a bare backbone config)."""
+    from mmengine.registry import MODELS, DefaultScope
+    if not isinstance(cfg.get('model'), dict):
+        raise ExportError(f'{cfg.filename}: the config has no model = dict('
+                          '...); give a config of a model or a backbone')
+    scope = cfg.get('default_scope')
+    if scope is None:
+        return MODELS.build(cfg.model), None
+    if scope not in SCOPES:
+        raise ExportError(f'default_scope must be one of {SCOPES} or unset, '
+                          f'got {scope!r}')
+    importlib.import_module(f'{scope}.utils').register_all_modules(False)
+    registry = importlib.import_module(f'{scope}.registry').MODELS
+    with DefaultScope.overwrite_default_scope(scope):
+        return registry.build(cfg.model), scope
+
+
+def load_weights(module: nn.Module, checkpoint: str, backbone: bool) -> None:
+    """Load ``checkpoint`` strictly into ``module`` (for a backbone, the
+    ``backbone.`` keys of a whole-model file, else the file's keys)."""
+    from clustr_mm.checkpoints import read_checkpoint
+    state = read_checkpoint(checkpoint)
+    if backbone and any(k.startswith('backbone.') for k in state):
+        state = {k[len('backbone.'):]: v for k, v in state.items()
+                 if k.startswith('backbone.')}
+    result = module.load_state_dict(state, strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        raise ExportError(
+            f'{checkpoint} does not fit the exported '
+            f'{"backbone" if backbone else "model"}: '
+            f'{len(result.missing_keys)} weights missing (e.g. '
+            f'{result.missing_keys[:3]}), {len(result.unexpected_keys)} '
+            f'unexpected (e.g. {result.unexpected_keys[:3]})')
+
+
+def _flatten(out) -> List[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _flatten(o)]
+    raise ExportError(f'the exported path returned a {type(out).__name__}; '
+                      'only tensors and (nested) tuples of tensors export')
+
+
+class TensorPath(nn.Module):
+    """The exported function: normalised images -> a flat tuple of tensors.
+
+    Args:
+        model: The built model (or bare backbone).
+        scope: Its library (None: a bare backbone).
+        part: 'model' or 'backbone'.
+    """
+
+    def __init__(self, model: nn.Module, scope: Optional[str], part: str):
+        super().__init__()
+        if part == 'backbone' and scope is not None:
+            if not isinstance(getattr(model, 'backbone', None), nn.Module):
+                raise ExportError(f'--part backbone: the {scope} model '
+                                  f'{type(model).__name__} has no backbone')
+            model, scope = model.backbone, None
+        self.model, self.scope = model, scope
+        self.two_stage = (scope == 'mmdet' and
+                          getattr(model, 'with_rpn', False))
+        self.names = None  # set by describe()
+
+    def describe(self) -> str:
+        m = self.model
+        if self.scope is None:
+            return f'backbone {type(m).__name__}: feature maps'
+        if self.scope == 'mmpretrain':
+            return f'{type(m).__name__}: logits (no softmax)'
+        if self.scope == 'mmseg':
+            return (f'{type(m).__name__}: whole-image logits (decode head '
+                    'resized to the input)')
+        if self.two_stage:
+            return (f'{type(m).__name__}: neck features + RPN head maps (no '
+                    'box decoding, NMS or RoI heads)')
+        if self.scope == 'mmdet':
+            return (f'{type(m).__name__}: dense head maps (no box decoding '
+                    'or NMS)')
+        return f'{type(m).__name__}: head output'
+
+    def output_names(self, count: int) -> List[str]:
+        if self.scope is None:
+            return [f'feat{i}' for i in range(count)]
+        if self.scope == 'mmpretrain' and count == 1:
+            return ['logits']
+        if self.scope == 'mmseg' and count == 1:
+            return ['seg_logits']
+        return [f'output{i}' for i in range(count)]
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        m = self.model
+        if self.scope is None:
+            out = m(x)
+        elif self.scope == 'mmseg':
+            logits = m.decode_head(m.extract_feat(x))
+            # mmseg's whole-image inference: resize to the input
+            out = F.interpolate(logits, size=x.shape[2:], mode='bilinear',
+                                align_corners=m.decode_head.align_corners)
+        elif self.two_stage:
+            feats = m.extract_feat(x)
+            out = (feats, m.rpn_head(feats))
+        else:
+            out = m(x, None, mode='tensor')
+        return tuple(_flatten(out))
+
+
+# --------------------------------------------------------------------------
+# Export
+
+
+def static_hw_reason(module: nn.Module) -> Optional[str]:
+    """Why a graph of ``module`` is right only at its export height and
+    width (None: it is not). Layers say so with a true ``graph_static_hw``
+    attribute (ClusTR's DPC-kNN clustering: its windows and cluster counts
+    are fixed when traced)."""
+    names = sorted({type(m).__name__ for m in module.modules()
+                    if getattr(m, 'graph_static_hw', False)})
+    if not names:
+        return None
+    return (f'{", ".join(names)} fixes the clustering windows and cluster '
+            'counts at the export size')
+
+
+def _has_dynamo_argument() -> bool:
+    return 'dynamo' in inspect.signature(torch.onnx.export).parameters
+
+
+def export(path_module: TensorPath, example: torch.Tensor, out: str,
+           exporter: str = 'torchscript', opset: int = 17,
+           dynamic: bool = False, dynamic_hw: bool = True) -> List[str]:
+    """Write the ONNX file ``out``; returns the output names. ``dynamic``:
+    the batch, and with ``dynamic_hw`` height and width, are graph inputs
+    (otherwise fixed dims of the input, which ONNX Runtime enforces)."""
+    with torch.no_grad():
+        count = len(path_module(example))
+    names = path_module.output_names(count)
+    kwargs = dict(opset_version=opset, input_names=['input'],
+                  output_names=names, do_constant_folding=True)
+    if exporter == 'torchscript':
+        if _has_dynamo_argument():
+            kwargs['dynamo'] = False
+        if dynamic:
+            axes = {'input': {0: 'batch', 2: 'height', 3: 'width'}
+                    if dynamic_hw else {0: 'batch'}}
+            axes.update({n: {0: 'batch'} for n in names})
+            kwargs['dynamic_axes'] = axes
+    elif exporter == 'dynamo':
+        if not _has_dynamo_argument():
+            raise ExportError(
+                f'--exporter dynamo: torch {torch.__version__} has no '
+                'torch.onnx.export(dynamo=...) (torch >= 2.5); use '
+                '--exporter torchscript')
+        kwargs['dynamo'] = True
+        kwargs['external_data'] = False
+        if dynamic:
+            # Dim.DYNAMIC (torch >= 2.6) lets an example size of 1 stay
+            # symbolic; a named Dim would be specialised to it
+            dim = getattr(torch.export.Dim, 'DYNAMIC', None)
+            if dim is None:
+                dims = [torch.export.Dim(n) for n in ('batch', 'height',
+                                                      'width')]
+            else:
+                dims = [dim] * 3
+            kwargs['dynamic_shapes'] = (
+                {0: dims[0], 2: dims[1], 3: dims[2]} if dynamic_hw else
+                {0: dims[0]}, )
+    else:
+        raise ExportError(f'exporter must be one of {EXPORTERS}, got '
+                          f'{exporter!r}')
+    with warnings.catch_warnings(), torch.no_grad():
+        # the TorchScript exporter is deprecated upstream (still the one
+        # that mmdeploy and most deployment stacks drive)
+        warnings.simplefilter('ignore', DeprecationWarning)
+        warnings.simplefilter('ignore', torch.jit.TracerWarning)
+        try:
+            torch.onnx.export(path_module, (example, ), out, **kwargs)
+        except ExportError:
+            raise
+        except Exception as err:  # the exporters raise many types
+            raise ExportError(
+                f'the {exporter} exporter failed: {type(err).__name__}: '
+                f'{str(err)[:2000]}') from err
+    return names
+
+
+# --------------------------------------------------------------------------
+# Check in ONNX Runtime
+
+
+def ort_session(path: str, threads: Optional[int] = None):
+    """A CPU ONNX Runtime session of ``path``."""
+    try:
+        import onnxruntime as ort
+    except ImportError as err:
+        raise ExportError('onnxruntime is not installed: pip install -r '
+                          'requirements/onnx.txt (or .[onnx])') from err
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads or torch.get_num_threads()
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(path, options,
+                                providers=['CPUExecutionProvider'])
+
+
+def random_input(shape: Sequence[int], seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=gen)
+
+
+def compare(path_module: TensorPath, session, names: Sequence[str],
+            shape: Sequence[int], seed: int = 0) -> List[Dict]:
+    """Per output: the largest |ONNX - PyTorch| and |PyTorch| at ``shape``
+    (B, 3, H, W). Raises ExportError when ONNX Runtime refuses the input or
+    an output's shape differs."""
+    x = random_input(shape, seed)
+    with torch.no_grad():
+        expected = path_module(x)
+    try:
+        got = session.run(None, {'input': x.numpy()})
+    except Exception as err:  # onnxruntime's own exception types
+        raise ExportError(
+            f'ONNX Runtime refused input {tuple(shape)}: '
+            f'{type(err).__name__}: {str(err)[:1000]}') from err
+    rows = []
+    for name, ref, val in zip(names, expected, got):
+        val = torch.from_numpy(val)
+        if tuple(val.shape) != tuple(ref.shape):
+            raise ExportError(
+                f'input {tuple(shape)}: output {name} has shape '
+                f'{tuple(val.shape)} in ONNX Runtime, {tuple(ref.shape)} in '
+                'PyTorch')
+        ref = ref.float()
+        diff = (val.float() - ref).abs()
+        rows.append(dict(output=name, shape=list(ref.shape),
+                         max_abs_diff=float(diff.max()) if diff.numel()
+                         else 0.0,
+                         max_abs_ref=float(ref.abs().max()) if ref.numel()
+                         else 0.0))
+    return rows
+
+
+def default_check_shapes(batch: int, h: int, w: int, dynamic: bool,
+                         dynamic_hw: bool = True
+                         ) -> List[Tuple[int, int, int]]:
+    shapes = [(batch, h, w)]
+    if dynamic:
+        shapes.append((batch + 1, h + 17, w + 11) if dynamic_hw else
+                      (batch + 1, h, w))
+    return shapes
+
+
+def export_and_check(cfg: Config, checkpoint: Optional[str],
+                     shape: Tuple[int, int], out: str, batch: int = 1,
+                     dynamic: bool = False, part: str = 'model',
+                     exporter: str = 'torchscript', opset: int = 17,
+                     tol: float = 1e-4,
+                     check_shapes: Optional[Sequence[Sequence[int]]] = None,
+                     log=print) -> Dict:
+    """Export ``cfg``'s model, compare ONNX Runtime with PyTorch at every
+    check shape and move the file to ``out`` only if every output agrees
+    within ``tol`` * max(1, max |PyTorch|); otherwise no file and an
+    ExportError. Returns the report (what was exported, every difference).
+    """
+    if part not in PARTS:
+        raise ExportError(f'part must be one of {PARTS}, got {part!r}')
+    h, w = shape
+    if h < 1 or w < 1 or batch < 1:
+        raise ExportError(f'--shape and --batch must be positive, got '
+                          f'shape {tuple(shape)}, batch {batch}')
+    if not tol > 0:
+        raise ExportError(f'--tol must be > 0, got {tol}')
+    for s in check_shapes or ():
+        if len(s) != 3 or min(s) < 1:
+            raise ExportError(f'--check-shape takes three positive ints B H '
+                              f'W, got {tuple(s)}')
+    torch.manual_seed(0)
+    model, scope = build_model(cfg)
+    model.eval()
+    path_module = TensorPath(model, scope, part).eval()
+    if checkpoint:
+        load_weights(path_module.model, checkpoint,
+                     backbone=path_module.scope is None)
+    static_hw = static_hw_reason(path_module)
+    checks = [(batch, h, w)] + [tuple(s) for s in check_shapes or ()]
+    if check_shapes is None:
+        checks = default_check_shapes(batch, h, w, dynamic, not static_hw)
+    if not dynamic and any(tuple(s) != (batch, h, w) for s in checks):
+        raise ExportError('--check-shape needs --dynamic: a static graph '
+                          f'takes only its export shape {(batch, h, w)}')
+    if static_hw and any(tuple(s[1:]) != (h, w) for s in checks):
+        raise ExportError(
+            f'{static_hw}: its graph takes only {h} x {w} inputs (any batch '
+            'with --dynamic); export one file per input size instead of '
+            '--check-shape with another height or width')
+    what = path_module.describe()
+    mode = 'static shape'
+    if dynamic:
+        mode = ('dynamic batch, static height and width (' + static_hw +
+                ')' if static_hw else 'dynamic batch, height and width')
+    log(f'[pytorch2onnx] exporting {what}; input (batch, 3, H, W) = '
+        f'({batch}, 3, {h}, {w}), {mode}, {exporter} exporter, '
+        f'opset {opset}')
+    out_dir = osp.dirname(osp.abspath(out))
+    os.makedirs(out_dir, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix='.onnx.tmp', dir=out_dir)
+    os.close(fd)
+    try:
+        t0 = time.perf_counter()
+        # torch.export specialises a dim whose example size is 1: a dynamic
+        # batch is traced with an example of 2 (the graph takes any)
+        example_batch = (max(batch, 2) if dynamic and exporter == 'dynamo'
+                         else batch)
+        names = export(path_module, random_input((example_batch, 3, h, w)),
+                       tmp, exporter, opset, dynamic, not static_hw)
+        export_s = time.perf_counter() - t0
+        session = ort_session(tmp)
+        rows, worst = [], 0.0
+        for b, ch, cw in checks:
+            for row in compare(path_module, session, names, (b, 3, ch, cw)):
+                row['input'] = [b, 3, ch, cw]
+                row['scaled'] = row['max_abs_diff'] / max(1.0,
+                                                          row['max_abs_ref'])
+                worst = max(worst, row['scaled'])
+                rows.append(row)
+                log(f'[pytorch2onnx]   input {b}x3x{ch}x{cw} '
+                    f'{row["output"]} {tuple(row["shape"])}: max |onnx - '
+                    f'torch| = {row["max_abs_diff"]:.3e} (max |torch| '
+                    f'{row["max_abs_ref"]:.3g})')
+        report = dict(config=cfg.filename, checkpoint=checkpoint,
+                      exported=what, exporter=exporter, opset=opset,
+                      dynamic=dynamic, dynamic_hw=dynamic and not static_hw,
+                      outputs=names, checks=rows,
+                      worst_scaled_diff=worst, tol=tol,
+                      export_seconds=round(export_s, 2),
+                      torch=torch.__version__)
+        if not worst <= tol:
+            raise ExportError(
+                f'ONNX Runtime disagrees with PyTorch: largest difference '
+                f'{worst:.3e} x max(1, max |torch|) > tol {tol:g}; no file '
+                'written')
+        os.replace(tmp, out)
+        report['out'] = out
+        log(f'[pytorch2onnx] wrote {out}: every output within {tol:g} '
+            f'(largest {worst:.2e} of max(1, max |torch|)); export took '
+            f'{export_s:.1f} s')
+        return report
+    finally:
+        if osp.exists(tmp):
+            os.remove(tmp)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('config', help='config file')
+    parser.add_argument('checkpoint', nargs='?', default=None,
+                        help='weights (default: random, seed 0)')
+    parser.add_argument('--shape', nargs=2, type=int, required=True,
+                        metavar=('H', 'W'), help='export input size')
+    parser.add_argument('--batch', type=int, default=1,
+                        help='export batch size (default 1)')
+    parser.add_argument('--dynamic', action='store_true',
+                        help='batch, height and width as graph inputs')
+    parser.add_argument('--out', default=None,
+                        help='ONNX file (default: work_dirs/onnx/'
+                        '<config name>[_backbone].onnx)')
+    parser.add_argument('--part', choices=PARTS, default='model',
+                        help="'backbone': export the model's backbone only")
+    parser.add_argument('--exporter', choices=EXPORTERS,
+                        default='torchscript')
+    parser.add_argument('--opset', type=int, default=17)
+    parser.add_argument('--tol', type=float, default=1e-4,
+                        help='largest allowed |onnx - torch| per output, in '
+                        'units of max(1, max |torch|) (default 1e-4)')
+    parser.add_argument('--check-shape', nargs=3, type=int, action='append',
+                        metavar=('B', 'H', 'W'), default=None,
+                        help='(with --dynamic) also compare at this input; '
+                        'repeatable (default: B+1, H+17, W+11)')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        default={}, help='override config entries')
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> Dict:
+    args = parse_args(argv)
+    if not osp.isfile(args.config):
+        raise SystemExit(f'config file not found: {args.config}')
+    cfg = Config.fromfile(args.config)
+    cfg.merge_from_dict(args.cfg_options)
+    out = args.out or osp.join(
+        'work_dirs', 'onnx', osp.splitext(osp.basename(args.config))[0] +
+        ('_backbone' if args.part == 'backbone' else '') + '.onnx')
+    try:
+        return export_and_check(
+            cfg, args.checkpoint, tuple(args.shape), out, args.batch,
+            args.dynamic, args.part, args.exporter, args.opset, args.tol,
+            args.check_shape)
+    except ExportError as err:
+        print(f'[pytorch2onnx] FAILED: {err}', file=sys.stderr)
+        raise SystemExit(1)
+
+
+if __name__ == '__main__':
+    main()
