@@ -146,3 +146,55 @@ def test_static_graph_refuses_other_shapes(tmp_path):
     with pytest.raises(tool.ExportError, match='refused input'):
         tool.compare(backbone.eval(), session, report['outputs'],
                      (2, 3, 32, 32))
+
+
+# Whole models of the task libraries.
+def task_export(tmp_path, config, shape, checks, **kwargs):
+    out = tmp_path / 'model.onnx'
+    report = tool.export_and_check(
+        Config.fromfile(str(ROOT / config)), None, shape, str(out),
+        dynamic=True, check_shapes=checks, log=lambda *a: None, **kwargs)
+    return report, out
+
+
+def test_segmentor_whole_image_logits(tmp_path):
+    """mmseg: the decode head's logits resized to each input."""
+    checks = [(3, 81, 113)]
+    report, _ = task_export(
+        tmp_path, 'configs/paca/pacahead_paca-t_embedded-ade20k.py',
+        (64, 96), checks)
+    assert report['outputs'] == ['seg_logits']
+    assert_all_close(report, [(1, 64, 96)] + checks)
+    shapes = [r['shape'] for r in report['checks']]
+    assert shapes == [[1, 150, 64, 96], [3, 150, 81, 113]]
+
+
+def test_detector_dense_outputs(tmp_path):
+    """mmdet one-stage: the head's class scores and box deltas of the five
+    levels (strides 8-128) at two batches and sizes."""
+    checks = [(2, 96, 160)]
+    report, _ = task_export(
+        tmp_path, 'configs/paca/retinanet_paca-t_embedded-coco.py',
+        (64, 128), checks)
+    assert len(report['outputs']) == 10
+    assert_all_close(report, [(1, 64, 128)] + checks)
+    first = [r['shape'] for r in report['checks'] if r['output'] == 'output0']
+    assert first == [[1, 9 * 80, 8, 16], [2, 9 * 80, 12, 20]]
+
+
+@pytest.mark.slow
+def test_cli_exports_classifier_logits(tmp_path):
+    """The tool as a user runs it: an mmpretrain classifier's logits, one
+    dynamic graph checked at two batches and sizes, the file written."""
+    out = tmp_path / 'paca-t.onnx'
+    proc = run_tool(['tools/deployment/pytorch2onnx.py',
+                     'configs/paca/paca-t_8xb128_in1k.py', '--shape', '64',
+                     '64', '--dynamic', '--check-shape', '3', '77', '65',
+                     '--out', str(out)], timeout=300)
+    rows = [ln for ln in proc.stdout.splitlines() if ' logits (' in ln]
+    assert len(rows) == 2 and '(1, 1000)' in rows[0] and \
+        '(3, 1000)' in rows[1], proc.stdout
+    diffs = [float(ln.split('= ')[1].split()[0]) for ln in rows]
+    assert max(diffs) <= TOL
+    assert f'wrote {out}' in proc.stdout and out.is_file()
+    assert input_dims(out) == ['batch', 3, 'height', 'width']

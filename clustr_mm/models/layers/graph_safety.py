@@ -25,6 +25,12 @@ def is_tracing() -> bool:
     return torch.jit.is_tracing() or is_compiling()
 
 
+def is_onnx_export() -> bool:
+    """Whether ``torch.onnx.export`` is running (either exporter)."""
+    check = getattr(torch.onnx, 'is_in_onnx_export', None)
+    return bool(check is not None and check())
+
+
 def _assert_async_takes_message() -> bool:
     try:  # the (tensor, str) overload is newer than torch 2.0
         torch._assert_async(torch.ones((), dtype=torch.bool), 'probe')

@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..graph_safety import is_tracing
+from ..graph_safety import is_onnx_export, is_tracing
 from .common import (ACCELERATOR_PLAN, CPU_PLAN, ClusteringPlan, Windows,
                      join)
 from .reference import (augment, centers_by_score, density, first_duplicate,
@@ -75,6 +75,9 @@ def k_smallest(d: torch.Tensor, k: int, block: int = 64) -> torch.Tensor:
 def why_not(device: Optional[torch.device]) -> Optional[str]:
     """Why the dispatch does not choose this backend on ``device`` (None:
     it does)."""
+    if is_onnx_export():
+        return ('torch.onnx.export is running: the exporters take the '
+                "reference's operations")
     if torch.jit.is_tracing():
         return ('torch.jit.trace is recording: the trace records the '
                 "reference's GEMMs")

@@ -49,6 +49,10 @@ FUSED_PLAN = ClusteringPlan(1 << 28, True, False, 'fused')
 # Under torch.jit.trace (FLOP counters, export): the reference, unpadded, so
 # the traced GEMMs are exactly the algorithm's.
 TRACE_PLAN = ClusteringPlan(1 << 28, False, False, 'reference')
+# ONNX export (either exporter): the reference (written in what the
+# exporters accept), border windows padded into one call per stage: up to 4x
+# fewer ops in the graph than one call per window shape.
+EXPORT_PLAN = ClusteringPlan(1 << 28, True, False, 'reference')
 
 
 @dataclass(frozen=True)
@@ -274,7 +278,8 @@ class WindowLayout:
         """Constants for ``batch`` images of ``channels``, for the
         :attr:`clustered` scales (kept, except while tracing)."""
         key = (batch, channels)
-        if key in self._batches:
+        # a traced (symbolic) batch size is neither kept nor hashable
+        if not is_tracing() and key in self._batches:
             return self._batches[key]
         dev = self.device
         inf = torch.tensor(float('inf'), device=dev)
@@ -329,7 +334,10 @@ def merge_rows(batch: int, totals: Sequence[int],
     """(S, B, 1) row of cluster 0 of image b in scale s of the merge's
     sums: earlier scales' rows + b * totals[s], so one scatter fills every
     scale."""
-    starts = [batch * sum(totals[:t]) for t in range(len(totals))]
-    return (torch.tensor(starts, device=device)[:, None] +
+    # batch * (earlier totals) as a product of tensors, not a list of ints:
+    # under a trace ``batch`` is traced, so an exported graph takes its
+    # batch from the input instead of keeping the example's
+    earlier = [sum(totals[:t]) for t in range(len(totals))]
+    return (torch.tensor(earlier, device=device)[:, None] * batch +
             torch.tensor(totals, device=device)[:, None] *
             torch.arange(batch, device=device))[..., None]

@@ -24,7 +24,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..graph_safety import is_compiling
+from ..graph_safety import is_compiling, is_onnx_export
 from . import blocked, first_use, fused, reference
 from .common import ClusteringPlan, ClusterIds, WindowLayout, join
 
@@ -122,7 +122,14 @@ def assign_clusters(x: torch.Tensor, layout: WindowLayout) -> ClusterIds:
             per_call = (win.shape[0] if plan.kernel == 'fused' else
                         max(1, budget // (n * n)))
             parts = []
-            for g0 in range(0, win.shape[0], per_call):
+            if is_onnx_export():
+                # one call whatever the batch: a loop over blocks of
+                # windows would fix the batch in the graph (torch.export
+                # specialises it)
+                parts.append(run(win, counts, layout.k, group.windows,
+                                 plan))
+            for g0 in ([] if is_onnx_export() else
+                       range(0, win.shape[0], per_call)):
                 sl = (slice(0, None) if per_call >= win.shape[0] else
                       slice(g0, g0 + per_call))
                 parts.append(run(win[sl], counts, layout.k,

@@ -40,6 +40,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from ..graph_safety import is_onnx_export
 from . import blocked
 from .common import FUSED_PLAN, ClusteringPlan, Padding, Windows
 from .reference import (augment, centers_by_score, check_precision, density,
@@ -371,6 +372,9 @@ if HAS_CUSTOM_OP:
 def why_not(device: Optional[torch.device]) -> Optional[str]:
     """Why the dispatch does not choose this backend on ``device`` (None:
     it does)."""
+    if is_onnx_export():
+        return ('torch.onnx.export is running: the exporters take the '
+                "reference's operations")
     if torch.jit.is_tracing():
         return ('torch.jit.trace is recording: the trace records the '
                 "reference's GEMMs")

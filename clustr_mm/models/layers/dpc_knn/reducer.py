@@ -39,7 +39,7 @@ from torch import nn
 
 from ....registry import register_model
 from ..arg_checks import check_dpc_knn_args
-from ..graph_safety import is_tracing
+from ..graph_safety import is_onnx_export, is_tracing
 from ..token_reducer import Grid, Reduction, TokenReducer
 from .common import (CLUSTR_SCALES, ClusteringPlan, ClusterIds,
                      WindowLayout, cluster_counts, join, window_tokens)
@@ -82,9 +82,16 @@ def merge_clusters(x: torch.Tensor, w: torch.Tensor, ids: ClusterIds,
             if len(todo) > 1:
                 src = src.expand(len(todo), *weighted.shape)
             # numerators and denominators of every scale in one index_add
-            sums.append(consts.merge_zeros.index_add(
-                0, (ids.clustered + consts.merge_rows).reshape(-1),
-                src.reshape(-1, c + 1)))
+            index = (ids.clustered + consts.merge_rows).reshape(-1)
+            src = src.reshape(-1, c + 1)
+            if is_onnx_export():
+                # neither exporter takes index_add; scatter_add is the same
+                # sum (ONNX ScatterElements, reduction 'add') in another
+                # order; PyTorch's own forward keeps index_add
+                sums.append(consts.merge_zeros.scatter_add(
+                    0, index[:, None].expand_as(src), src))
+            else:
+                sums.append(consts.merge_zeros.index_add(0, index, src))
             sizes += [b * layout.totals[s] for s in todo]
         if len(todo) < len(layout.identity):
             sums.append(weighted.reshape(-1, c + 1))
@@ -149,9 +156,18 @@ class DPCKNN(TokenReducer):
             cores, a wider tie threshold; docs/backbones.md). Goes into the
             plan (a ``plan`` given here must agree with it); the reference
             and blocked backends are IEEE fp32 and ignore it.
+
+    Traced graphs (``torch.onnx.export``, ``torch.jit.trace``) take the
+    batch from the input, but the windows and cluster counts of the traced
+    grid size are constants in them (Python ints of the layout): a true
+    :attr:`graph_static_hw` tells exporters so
+    (``tools/deployment/pytorch2onnx.py`` keeps height and width fixed dims
+    of the graph's input, and ONNX Runtime refuses other sizes instead of
+    computing wrong outputs).
     """
     uses_token_weights = True
     fp32 = True
+    graph_static_hw = True
 
     def __init__(self, sr_ratio: int,
                  scale_factors: Sequence[int] = CLUSTR_SCALES, k: int = 5,

@@ -27,7 +27,8 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
-from .common import TRACE_PLAN, ClusteringPlan, Windows
+from ..graph_safety import is_onnx_export
+from .common import EXPORT_PLAN, TRACE_PLAN, ClusteringPlan, Windows
 
 NAME = 'reference'
 
@@ -146,20 +147,57 @@ def density(knn_d: torch.Tensor, tie: torch.Tensor, channels: int,
     return rho
 
 
+def ahead(values: torch.Tensor) -> torch.Tensor:
+    """(G, n, n) bool: ``[g, i, j]`` = token j comes before token i in the
+    descending order of ``values`` (G, n), ties to the lower index.
+
+    The order of ``torch.sort(values, descending=True, stable=True)`` as
+    pairwise comparisons (for values without NaN): the reference uses it
+    instead of a stable sort, which the ONNX exporters do not take (ONNX has
+    no stable sort), with the same result; it costs an (n, n) block, as the
+    reference's distances do.
+    """
+    vi, vj = values[:, :, None], values[:, None, :]
+    n = values.shape[1]
+    lower = torch.ones(n, n, dtype=torch.bool,
+                       device=values.device).tril(-1)  # [i, j]: j < i
+    return (vj > vi) | ((vj == vi) & lower)
+
+
+def descending_order(values: torch.Tensor, num: int,
+                     pairwise: bool = False) -> torch.Tensor:
+    """(G, num) indices of the ``num`` largest of ``values`` (G, n), in
+    descending order, ties to the lower index (a stable sort's order).
+
+    ``pairwise``: from :func:`ahead` (an (n, n) block, no sort: what the
+    reference, and so an exported graph, uses) instead of ``torch.sort``.
+    """
+    if not pairwise:
+        return torch.sort(values, dim=1, descending=True,
+                          stable=True).indices[:, :num]
+    # rank[i] = tokens ahead of i, a permutation of 0..n-1; order[rank[i]] = i
+    rank = ahead(values).sum(-1)
+    positions = torch.arange(values.shape[1], device=values.device)
+    order = torch.zeros_like(rank).scatter_(
+        1, rank, positions.expand_as(rank))
+    return order[:, :num]
+
+
 def centers_by_score(rho: torch.Tensor, delta2: torch.Tensor,
                      dmax2: torch.Tensor, tie: torch.Tensor, channels: int,
-                     num: int, windows: Windows) -> torch.Tensor:
+                     num: int, windows: Windows, pairwise: bool = False
+                     ) -> torch.Tensor:
     """Step 4: score = rho * delta, the ``num`` best tokens (G, num).
 
     ``delta2`` (G, n): squared distance to the nearest denser token (+inf for
     the densest, which gets the window's largest distance ``dmax2`` (G,)).
+    ``pairwise``: see :func:`descending_order`.
     """
     delta2 = snap_ties(torch.minimum(delta2, dmax2[:, None]), tie)
     score = rho * delta2.div_(channels).sqrt_()
     if windows.invalid is not None:
         score = score.masked_fill_(windows.invalid, float('-inf'))
-    return torch.sort(score, dim=1, descending=True,
-                      stable=True).indices[:, :num]
+    return descending_order(score, num, pairwise)
 
 
 def nearest_center(dist: torch.Tensor, tie: torch.Tensor,
@@ -225,7 +263,10 @@ def dpc_knn_reference(x: torch.Tensor, counts: Sequence[int], k: int,
     # 1. Pairwise squared distances (padding: +inf; self: exactly 0).
     rows, cols, tie = augment(x, windows.ones, windows.invalid, emulate)
     d2 = (tf32x3_bmm if emulate == 'tf32x3' else torch.bmm)(rows, cols)
-    d2.diagonal(dim1=1, dim2=2).zero_()
+    # a mask, not an in-place write to the diagonal view (which the ONNX
+    # exporters reject); the same values
+    pos = windows.positions
+    d2 = d2.masked_fill_(pos[:, None] == pos, 0.0)
     # The window's largest distance (the densest token's delta).
     finite = d2 if windows.invalid is None else d2.nan_to_num(posinf=0.0)
     dmax2 = finite.amax((1, 2))
@@ -235,14 +276,11 @@ def dpc_knn_reference(x: torch.Tensor, counts: Sequence[int], k: int,
     record(probe, knn=knn_d)
     rho = density(knn_d, tie, c, windows, first)
     # 3. Distance to the nearest denser token; equal densities: the lower
-    # index is denser.
-    order = torch.sort(rho, dim=1, descending=True, stable=True).indices
-    rank = order.argsort(dim=1)
-    not_denser = rank[:, None, :] >= rank[:, :, None]
-    delta2 = d2.masked_fill(not_denser, inf).amin(-1)
+    # index is denser (pairwise comparisons, see ahead()).
+    delta2 = d2.masked_fill(~ahead(rho), inf).amin(-1)
     # 4. Score and centers.
     centers = centers_by_score(rho, delta2, dmax2, tie, c, max(counts),
-                               windows)
+                               windows, pairwise=True)
     record(probe, first=first, rho=rho, delta2=delta2, dmax2=dmax2,
            centers=centers)
     # 5. Every token joins its nearest center.
@@ -257,8 +295,9 @@ def why_not(device: Optional[torch.device]) -> Optional[str]:
 
 
 def plan_for(device: Optional[torch.device]) -> ClusteringPlan:
-    """Whole, unpadded windows: the algorithm's GEMMs and nothing else."""
-    return TRACE_PLAN
+    """Whole, unpadded windows: the algorithm's GEMMs and nothing else; in
+    an ONNX export border windows padded (fewer ops in the graph)."""
+    return EXPORT_PLAN if is_onnx_export() else TRACE_PLAN
 
 
 def run(x: torch.Tensor, counts: Sequence[int], k: int, windows: Windows,
