@@ -109,7 +109,8 @@ def test_no_import_circle_in_the_package():
 LAYERS = [
     ['clustr_mm.registry', 'clustr_mm.env_check'],
     ['clustr_mm.models.layers'],
-    ['clustr_mm.models.backbones', 'clustr_mm.models.heads'],
+    ['clustr_mm.models.backbones', 'clustr_mm.models.heads',
+     'clustr_mm.models.necks'],
     ['clustr_mm.models'],
     ['clustr_mm.checkpoints'],
     ['clustr_mm.engine', 'clustr_mm.analysis'],

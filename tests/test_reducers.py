@@ -60,6 +60,7 @@ REDUCERS = {
     'centroid-knn-inputs': dict(type='CentroidAttention', sr_ratio=2, knn=7,
                                 normalize='inputs'),
     'grid': dict(type='GridPool', sr_ratio=2),
+    'avg-grid': dict(type='AvgGridPool', sr_ratio=2),
 }
 
 

@@ -1,1 +1,1 @@
-from . import backbones, heads, layers  # noqa: F401
+from . import backbones, heads, layers, necks  # noqa: F401

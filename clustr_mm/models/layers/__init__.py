@@ -7,8 +7,8 @@ from .dpc_knn import (CLUSTR_SCALES, DPCKNN, ClusteringPlan, WindowLayout,
                       plan_for)
 from .ffn import ConvFFN
 from .patch_embed import OverlapPatchEmbed, tokens_to_map
-from .reducers import (CentroidAttention, GridPool, PointwiseConv,
-                       SoftCluster, soft_assignment)
+from .reducers import (AvgGridPool, CentroidAttention, GridPool,
+                       PointwiseConv, SoftCluster, soft_assignment)
 from .token_reducer import (Reduction, TokenReducer, apply_assignment,
                             assignment_map, build_reducer, reducer_class)
 
@@ -17,7 +17,7 @@ __all__ = [
     'SummaryAttention', 'ClusterAttention', 'PaCaAttention',
     'OverlapPatchEmbed', 'tokens_to_map', 'TokenReducer', 'Reduction',
     'build_reducer', 'reducer_class', 'apply_assignment', 'assignment_map',
-    'DPCKNN', 'SoftCluster', 'CentroidAttention', 'GridPool',
+    'DPCKNN', 'SoftCluster', 'CentroidAttention', 'GridPool', 'AvgGridPool',
     'WindowLayout', 'assign_clusters', 'merge_clusters', 'PointwiseConv',
     'soft_assignment', 'ClusteringPlan', 'plan_for', 'choose_backend',
     'CLUSTR_SCALES'

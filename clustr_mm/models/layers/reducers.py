@@ -18,6 +18,7 @@ Reducers (all in MMEngine's root ``MODELS``, so a config names them by type):
                        strided depthwise conv, then T attention updates,
                        optionally restricted to each centroid's kNN.
 ``GridPool``           PVT's spatial reduction: strided conv + LayerNorm.
+``AvgGridPool``        Cell means, no parameters (TCFormer's pose neck).
 =====================  ========================================================
 
 :class:`~.cluster_attention.SummaryAttention` turns any of them into
@@ -193,6 +194,46 @@ class GridPool(TokenReducer):
         grid = _pad_to_multiple(tokens_to_map(x, hw), self.sr_ratio)
         z = self.norm(self.sr(grid).flatten(2).transpose(1, 2))
         ids = [self.cell_ids(hw, x.device).expand(x.shape[0], -1)]
+        self._keep(ids)
+        return Reduction([z], ids)
+
+    def extra_repr(self) -> str:
+        return f'sr_ratio={self.sr_ratio}'
+
+
+# ---------------------------------------------------------------------------
+@register_model
+class AvgGridPool(TokenReducer):
+    """The mean of each r x r cell of the grid: no parameters, no norm.
+
+    The keys/values of TCFormer's pose neck (MTA) and PVTv2-li: pooled
+    tokens straight into the key/value projection. A grid that is not a
+    multiple of r gets smaller last cells (the mean of the tokens they hold,
+    ``ceil_mode``), so every token is covered; where r divides the grid (every
+    level at 256x192) this is plain ``AvgPool2d(r, r)``.
+
+    Args:
+        sr_ratio (int): Cell side r.
+    """
+
+    def __init__(self, sr_ratio: int):
+        super().__init__()
+        if isinstance(sr_ratio, bool) or not isinstance(
+                sr_ratio, int) or sr_ratio < 1:
+            raise ValueError(f'sr_ratio must be a positive int, got '
+                             f'{sr_ratio!r}')
+        self.sr_ratio = sr_ratio
+
+    def num_tokens(self, hw: Grid) -> List[int]:
+        return [-(-hw[0] // self.sr_ratio) * -(-hw[1] // self.sr_ratio)]
+
+    def forward(self, x: torch.Tensor, hw: Grid,
+                weights: Optional[torch.Tensor] = None) -> Reduction:
+        r = self.sr_ratio
+        # no padding: a clipped last cell is divided by its own token count
+        z = F.avg_pool2d(tokens_to_map(x, hw), r, r, ceil_mode=True)
+        z = z.flatten(2).transpose(1, 2)
+        ids = [_cell_ids(hw, r, x.device).expand(x.shape[0], -1)]
         self._keep(ids)
         return Reduction([z], ids)
 

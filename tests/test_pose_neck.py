@@ -1,0 +1,202 @@
+"""The multi-stage aggregation pose neck (TCFormer's MTA on grids) and its
+key/value reducer ``AvgGridPool``."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from clustr_mm.models.layers import AvgGridPool
+from clustr_mm.models.necks import MultiStageAggregation
+
+pytestmark = pytest.mark.torch21
+
+CLUSTR_S = [64, 128, 256, 512]
+
+
+def pyramid(channels, hw=(16, 12), batch=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(
+        torch.randn(batch, c, hw[0] >> i, hw[1] >> i, generator=g)
+        for i, c in enumerate(channels))
+
+
+def randomise(module, seed=1):
+    """Random weights everywhere (biases and norms too), so the reference
+    comparison sees every parameter."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    return module
+
+
+def reference_neck(neck, inputs):
+    """The neck's maths written out with plain tensor ops: 1x1 laterals,
+    top-down 2x nearest (repeat) + add, then per merge: x + attn(LN(x)) with
+    keys/values the r x r cell means, x + fc2(GELU(h + dw3x3(h))) of LN(x)."""
+    lat = [F.conv2d(x, conv.weight, conv.bias)
+           for x, conv in zip(inputs, neck.lateral_convs)]
+    fused = lat[-1]
+    for i in range(len(lat) - 2, -1, -1):
+        up = fused.repeat_interleave(2, 2).repeat_interleave(2, 3)
+        x = lat[i] + up
+        b, c, h, w = x.shape
+        blk = neck.blocks[i]
+        t = x.flatten(2).transpose(1, 2)
+        # attention
+        y = F.layer_norm(t, (c, ), blk.norm1.weight, blk.norm1.bias)
+        r = blk.attn.clustering.sr_ratio
+        cells = y.transpose(1, 2).reshape(b, c, h // r, r, w // r, r)
+        pooled = cells.mean((3, 5)).flatten(2).transpose(1, 2)
+        q = F.linear(y, blk.attn.q.weight, blk.attn.q.bias)
+        k, v = F.linear(pooled, blk.attn.kv.weight,
+                        blk.attn.kv.bias).chunk(2, -1)
+        heads = blk.attn.num_heads
+        d = c // heads
+        outs = []
+        for hd in range(heads):
+            sl = slice(hd * d, (hd + 1) * d)
+            a = (q[..., sl] @ k[..., sl].transpose(1, 2) / d**0.5).softmax(-1)
+            outs.append(a @ v[..., sl])
+        t = t + F.linear(torch.cat(outs, -1), blk.attn.proj.weight,
+                         blk.attn.proj.bias)
+        # convolutional MLP
+        y = F.layer_norm(t, (c, ), blk.norm2.weight, blk.norm2.bias)
+        hid = F.linear(y, blk.mlp.fc1.weight, blk.mlp.fc1.bias)
+        grid = hid.transpose(1, 2).reshape(b, -1, h, w)
+        dw = F.conv2d(grid, blk.mlp.dwconv.weight, blk.mlp.dwconv.bias,
+                      padding=1, groups=grid.shape[1])
+        hid = F.gelu(hid + dw.flatten(2).transpose(1, 2))
+        t = t + F.linear(hid, blk.mlp.fc2.weight, blk.mlp.fc2.bias)
+        fused = t.transpose(1, 2).reshape(b, c, h, w)
+    return fused
+
+
+def test_matches_the_written_out_maths():
+    neck = randomise(MultiStageAggregation([8, 16, 24, 32], out_channels=16,
+                                           num_heads=4, pool_ratios=(4, 2,
+                                                                     1)))
+    neck.eval()
+    inputs = pyramid([8, 16, 24, 32], hw=(16, 8))
+    with torch.no_grad():
+        out = neck(inputs)
+        expected = reference_neck(neck, inputs)
+    assert isinstance(out, tuple) and len(out) == 1
+    assert out[0].shape == (2, 16, 16, 8)
+    assert out[0].is_contiguous()
+    torch.testing.assert_close(out[0], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_every_level_reaches_the_output():
+    """Changing any one input map changes the stride-4 output (the coarse
+    levels are not dropped on the way down)."""
+    neck = MultiStageAggregation(CLUSTR_S, out_channels=32, num_heads=4)
+    neck.init_weights()
+    neck.eval()
+    inputs = pyramid(CLUSTR_S, hw=(32, 24))
+    with torch.no_grad():
+        base = neck(inputs)[0]
+        for i in range(4):
+            changed = list(inputs)
+            changed[i] = changed[i] + 1.0
+            assert not torch.allclose(neck(tuple(changed))[0], base), i
+
+
+def test_size_of_the_paper_setting():
+    """ClusTR-S inputs, 256 channels, 4 heads, ratio 4: 1x1 laterals
+    (64+128+256+512)*256 + 4*256 and three blocks of 800,000 parameters
+    (norms 2*512, q 65,792, kv 131,584, proj 65,792, fc1 263,168,
+    dwconv 10,240, fc2 262,400); with the 1x1 133-keypoint head (34,181):
+    2,680,965, the reference's 'about 2.68 M'."""
+    neck = MultiStageAggregation(CLUSTR_S)
+    assert sum(p.numel() for p in neck.parameters()) == 2_646_784
+    assert sum(p.numel() for p in neck.blocks[0].parameters()) == 800_000
+    head = torch.nn.Conv2d(256, 133, 1)
+    total = sum(p.numel() for m in (neck, head) for p in m.parameters())
+    assert total == 2_680_965
+
+
+def test_flops_of_the_paper_setting():
+    """Multiply-adds at 256x192 (levels 64x48 .. 8x6), counted by the
+    package's FLOP counter (what tools/analysis/get_flops.py reports),
+    against the count written out: laterals 94,371,840; per block
+    N * 689,152 + 6,291,456 (q, proj, fc1, fc2, dwconv and the two attention
+    products on N tokens; kv on the 48 pooled tokens); head 3072 * 256 *
+    133. About 3.0 G, 2.1 G of it in the stride-4 block."""
+    from clustr_mm.analysis.flops import analyze_flops
+
+    class NeckHead(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.neck = MultiStageAggregation(CLUSTR_S)
+            self.head = torch.nn.Conv2d(256, 133, 1)
+
+        def forward(self, *maps):
+            return self.head(self.neck(maps)[0])
+
+    model = NeckHead().eval()
+    inputs = pyramid(CLUSTR_S, hw=(64, 48), batch=1)
+    blocks = [n * 689_152 + 6_291_456 for n in (3072, 768, 192)]
+    products = sum(n * 48 * 256 * 2 for n in (3072, 768, 192))
+    report = analyze_flops(model, inputs)
+    ops = report.by_operator
+    dense = 94_371_840 + sum(blocks) + 3072 * 256 * 133 - products
+    assert ops['conv'] + ops['linear'] == dense, ops
+    assert ops['matmul'] == products, ops  # traced: two matmuls
+    # the rest (norms, pooling, up-sampling) is small
+    assert 0 < report.total - dense - products < 0.01 * report.total, ops
+    assert report.by_module['neck.blocks.0'].total() > 2.1e9
+    assert abs(report.total / 1e9 - 3.0) < 0.02, report.total
+
+
+def test_builds_by_type_under_mmpose_scope():
+    from mmpose.registry import MODELS
+    neck = MODELS.build(dict(type='MultiStageAggregation',
+                             in_channels=[96, 192, 320, 384]))
+    assert isinstance(neck, MultiStageAggregation)
+    out = neck(pyramid([96, 192, 320, 384], hw=(16, 8), batch=1))
+    assert out[0].shape == (1, 256, 16, 8)
+
+
+@pytest.mark.parametrize('kwargs, match', [
+    (dict(in_channels=[64], pool_ratios=()), 'at least two levels'),
+    (dict(in_channels=64), 'in_channels must list'),
+    (dict(in_channels=[64, 0, 3, 4]), 'in_channels must list'),
+    (dict(in_channels=CLUSTR_S, pool_ratios=(8, 4)),
+     'pool_ratios needs one entry'),
+    (dict(in_channels=[64, 128], pool_ratios=(2, ), out_channels=0),
+     'out_channels'),
+    (dict(in_channels=[64, 128], pool_ratios=(2, ), num_heads=3),
+     'not divisible by num_heads'),
+    (dict(in_channels=[64, 128], pool_ratios=(0, )), 'sr_ratio'),
+])
+def test_bad_arguments_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        MultiStageAggregation(**kwargs)
+
+
+def test_mismatched_inputs_are_named():
+    neck = MultiStageAggregation(CLUSTR_S, out_channels=32)
+    with pytest.raises(ValueError, match=r'\[64, 128, 320, 512\] channels '
+                       r'but .* in_channels=\[64, 128, 256, 512\]'):
+        neck(pyramid([64, 128, 320, 512]))
+    with pytest.raises(ValueError, match='expects 4 maps .* got 1.*'
+                       'out_indices'):
+        neck(pyramid([512]))
+    with pytest.raises(ValueError, match='got Tensor'):
+        neck(pyramid(CLUSTR_S)[0])
+
+
+def test_avg_grid_pool_means_and_clipped_cells():
+    x = torch.randn(2, 5 * 7, 3)
+    z, ids = AvgGridPool(2)(x, (5, 7))
+    grid = x.transpose(1, 2).reshape(2, 3, 5, 7)
+    assert z[0].shape == (2, 3 * 4, 3)
+    # a full cell and the clipped bottom-right one (a single token)
+    torch.testing.assert_close(z[0][:, 0], grid[..., :2, :2].mean((2, 3)))
+    torch.testing.assert_close(z[0][:, -1], grid[..., 4, 6])
+    torch.testing.assert_close(z[0][:, 3], grid[..., :2, 6].mean(-1))
+    assert ids[0].shape == (2, 35) and int(ids[0][0, -1]) == 11
+    assert AvgGridPool(2).num_tokens((5, 7)) == [12]
+    assert sum(p.numel() for p in AvgGridPool(2).parameters()) == 0
+    with pytest.raises(ValueError, match='sr_ratio'):
+        AvgGridPool(True)
