@@ -209,13 +209,16 @@ def _crop_region(bbox, input_wh=(96, 128), padding=1.25):
     return cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2
 
 
-def _check_keypoints(keypoints, scores, bbox):
+def _check_keypoints(keypoints, scores, bbox, heatmap_width=12):
+    """133 finite keypoints inside the crop region of ``bbox``, give or take
+    one heatmap pixel (the decoder's refinement); the embedded config's
+    heatmaps are 12 wide."""
     kpts = np.asarray(keypoints, dtype=np.float64)
     assert kpts.shape == (133, 2)  # COCO-WholeBody
     assert np.isfinite(kpts).all()
     assert np.asarray(scores).shape == (133, )
-    x0, y0, x1, y1 = _crop_region(bbox)
-    cell = (x1 - x0) / 24  # one heatmap pixel: the decoder's refinement
+    x0, y0, x1, y1 = _crop_region(bbox)  # 3:4 inputs, as every pose config
+    cell = (x1 - x0) / heatmap_width
     assert (kpts[:, 0] >= x0 - cell).all() and (kpts[:, 0] <= x1 + cell).all()
     assert (kpts[:, 1] >= y0 - cell).all() and (kpts[:, 1] <= y1 + cell).all()
     return kpts
@@ -277,6 +280,30 @@ def test_pose_mmpose_inferencer(pose_ckpt, det_ckpt, tiny_data):
         _check_boxes(box, hw)
         assert 0 < float(np.asarray(person['bbox_score']).reshape(())) < 1
         _check_keypoints(person['keypoints'], person['keypoint_scores'], box)
+
+
+@pytest.mark.parametrize('config', [
+    'configs/clustr/td-hm_clustr-s_mta-8xb64-210e_coco-wholebody-256x192.py',
+    'configs/paca/td-hm_paca-s_mta-8xb64-210e_coco-wholebody-256x192.py',
+])
+def test_pose_inferencer_paper_setting(config, tiny_data):
+    """The 256x192 neck configs (ClusTR's paper setting) as they are, with
+    their flip test, behind MMPoseInferencer. No weights: their ImageNet
+    checkpoints are not here, so the model is randomly initialised and only
+    the path and the shapes are checked."""
+    from mmpose.apis import MMPoseInferencer
+    hw = _image_hw(COCO_IMAGE)
+    inf = MMPoseInferencer(pose2d=str(ROOT / config), device='cpu',
+                           det_model='whole_image')
+    model = inf.inferencer.model
+    assert type(model.neck).__name__ == 'MultiStageAggregation'
+    assert model.test_cfg['flip_test'] and model.test_cfg['shift_heatmap']
+    out = next(inf(str(ROOT / COCO_IMAGE), return_vis=True))
+    (person, ) = out['predictions'][0]
+    whole = [0, 0, hw[1], hw[0]]
+    _check_keypoints(person['keypoints'], person['keypoint_scores'], whole,
+                     heatmap_width=48)
+    assert out['visualization'][0].shape == (*hw, 3)
 
 
 # --------------------------------------------------------------------------
