@@ -146,7 +146,7 @@ def test_dpc_knn_count_window_mode_tiles_the_grid():
     ('configs/clustr/fpn_clustr-t_embedded-ade20k.py', None,
      {'neck', 'heads'}),
     ('configs/clustr/td-hm_clustr-t_embedded-coco-wholebody.py', None,
-     {'heads'}),
+     {'neck', 'heads'}),
     ('configs/paca/retinanet_paca-s_fpn_1x_coco.py', (128, 128),
      {'neck', 'heads'}),
 ])
@@ -165,7 +165,7 @@ def test_get_flops_libraries(config, shape, parts):
     if 'ade20k' in config:
         assert r['input'][2:] == [128, 128]  # the config's crop size
     if 'wholebody' in config:
-        assert r['input'][2:] == [128, 96]  # the codec's input size (H, W)
+        assert r['input'][2:] == [64, 48]  # the codec's input size (H, W)
 
 
 @pytest.mark.slow
