@@ -11,7 +11,7 @@ from torch import nn
 
 import clustr_mm  # noqa: F401
 from clustr_mm.models.layers import ClusterAttention, PaCaAttention
-from clustr_mm.analysis.flops import analyze_flops, dpc_knn_flops
+from clustr_mm.analysis.flops import analyze_flops, dpc_knn_macs
 
 from conftest import load_tool, run_tool
 
@@ -127,7 +127,7 @@ def test_dpc_knn_count_window_mode_tiles_the_grid():
     (m = n // 4 clusters per window), batch 2, C = 8."""
     reducer = type('R', (), dict(window_size=4, sr_ratio=2,
                                  scale_factors=(1, ), k=5))()
-    counts = dpc_knn_flops(reducer, batch=2, channels=8, hw=(10, 7))
+    counts = dpc_knn_macs(reducer, batch=2, channels=8, hw=(10, 7))
     windows = [(2, 16, 4), (2, 12, 3), (1, 8, 2), (1, 6, 1)]  # (#, n, m)
     assert counts['clustering.distances'] == sum(
         2 * g * (n * n + n * m) * 10 for g, n, m in windows)

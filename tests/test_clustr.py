@@ -180,12 +180,14 @@ def test_cluster_attention_sums_two_scales():
     torch.manual_seed(4)
     attn = ClusterAttention(16, 2, sr_ratio=2).eval()
     x, hw = torch.randn(1, 36, 16), (6, 6)
-    out = attn(x, hw)
+    out, ids = attn(x, hw)
     w = attn.weight_layer(x).exp()
     total = torch.zeros_like(x)
     layout = attn.clustering.layout(hw, x.device)
     assert layout.totals == [9, 36]
-    merged = merge_clusters(x, w, assign_clusters(x, layout), layout)
+    assigned = assign_clusters(x, layout)
+    assert all(torch.equal(a, b) for a, b in zip(assigned.scales, ids))
+    merged = merge_clusters(x, w, assigned, layout)
     for kv, z in zip((attn.kv1, attn.kv2), merged):
         k, v = kv(z).chunk(2, -1)
         q = attn.q(x)
@@ -287,20 +289,17 @@ def test_window_mode_large_input_has_bounded_chunks(monkeypatch):
 
 def test_deterministic_across_runs():
     torch.manual_seed(7)
-    model = ClusTR('tiny', clustering_mode='window', window_size=8).eval()
-    clusterers = [
-        m for m in model.modules() if isinstance(m, DPCKNN)
-    ]
-    for m in clusterers:
-        m.record_assignments = True
+    model = ClusTR('tiny', clustering_mode='window', window_size=8,
+                   keep_assignments=True).eval()
     x = torch.randn(2, 3, 96, 80)
     with torch.no_grad():
         first = model(x)
-        ids = [list(m.assignments) for m in clusterers]
+        ids = [a for s in model.assignments for b in s for a in b]
         second = model(x)
     assert all(torch.equal(a, b) for a, b in zip(first, second))
-    for m, before in zip(clusterers, ids):
-        assert all(torch.equal(a, b) for a, b in zip(m.assignments, before))
+    again = [a for s in model.assignments for b in s for a in b]
+    assert len(ids) == len(again) == 2 * 9  # 2 scales, 9 clustering blocks
+    assert all(torch.equal(a, b) for a, b in zip(again, ids))
 
 
 def test_frozen_stages_and_norm_eval():
@@ -352,12 +351,10 @@ def test_bf16_autocast_keeps_fp32_assignments():
     x = torch.randn(2, 14 * 14, 32)
     w = torch.rand(2, 14 * 14, 1) + 0.5
     clusterer = DPCKNN(2)
-    clusterer.record_assignments = True
-    clusterer(x, (14, 14), w)
-    fp32 = clusterer.assignments
+    fp32 = clusterer(x, (14, 14), w).assignments
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        clusterer(x, (14, 14), w)
-    assert all(torch.equal(a, b) for a, b in zip(fp32, clusterer.assignments))
+        bf16 = clusterer(x, (14, 14), w).assignments
+    assert all(torch.equal(a, b) for a, b in zip(fp32, bf16))
 
     model = ClusTR('tiny').eval()
     with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):

@@ -71,9 +71,7 @@ def _build(name, seed=0):
     model = MODELS.build(dict(BACKBONES[name]))
     model.init_weights()
     model.eval()
-    for m in model.modules():
-        if isinstance(m, TokenReducer):
-            m.record_assignments = True
+    model.keep_assignments = True
     return model
 
 
@@ -91,9 +89,9 @@ def _forward(model, x, bf16=False):
     if isinstance(model, MODELS.get('PaCaViT')):
         assigns = [a.float().clone() for stage in model.assignments
                    for block in stage for a in block]
-    else:
-        assigns = [a.clone() for m in _reducers(model)
-                   for a in m.assignments]
+    else:  # (B, H, W) maps -> (B, N) ids
+        assigns = [a.flatten(1).clone() for stage in model.assignments
+                   for block in stage for a in block]
     assert assigns
     return outs, assigns
 

@@ -134,9 +134,13 @@ def _is_dpc_knn(module: nn.Module) -> bool:
     return isinstance(module, DPCKNN)
 
 
-def dpc_knn_flops(reducer: nn.Module, batch: int, channels: int,
-                  hw: Tuple[int, int]) -> Counter:
-    """FLOPs of one DPC-kNN reducer call (see the module docstring).
+def dpc_knn_macs(reducer: nn.Module, batch: int, channels: int,
+                 hw: Tuple[int, int]) -> Counter:
+    """Multiply-adds of one DPC-kNN reducer call (see the module docstring):
+    this module's FLOPs, one per multiply-add. (The fused op's
+    ``dpc_knn_flops`` counts two per multiply-add, as
+    ``torch.utils.flop_counter`` does: ``_flops`` names that convention,
+    ``_macs`` this one.)
 
     Args:
         reducer: A DPCKNN reducer (its ``window_size``,
@@ -237,32 +241,53 @@ def _counting_hooks(model: nn.Module, calls: List[tuple]):
 
 KINDS = ('embedding', 'attention projections', 'attention products',
          'clustering', 'mlp', 'other')
-_KIND_BY_NAME = {
-    'clustering': 'clustering', 'cluster': 'clustering',
-    'cluster_norm': 'clustering', 'weight_layer': 'clustering',
-    'teacher': 'clustering',
-    'attn': 'attention projections', 'attention': 'attention projections',
-    'self_attn': 'attention projections',
-    'mlp': 'mlp', 'ffn': 'mlp', 'ffns': 'mlp',
-    'patch_embed': 'embedding', 'patch_embeds': 'embedding',
-    'stem': 'embedding', 'downsample': 'embedding',
-    'downsamples': 'embedding',
-}
 
 
-def _kind(path: List[str], modules: Dict[str, nn.Module], op: str) -> str:
-    """Kind of an operator run directly by the module at ``path``."""
+def _library_kinds() -> List[Tuple[type, str]]:
+    """The marks of the mm libraries' modules (the backbones measured beside
+    ours: PVTv2, Swin), which carry no ``flop_kind`` of their own."""
+    marks: List[Tuple[type, str]] = [(nn.MultiheadAttention, 'attention')]
+    try:
+        from mmcv.cnn.bricks.transformer import (FFN, MultiheadAttention,
+                                                 PatchEmbed, PatchMerging)
+        marks += [(MultiheadAttention, 'attention'), (FFN, 'mlp'),
+                  (PatchEmbed, 'embedding'), (PatchMerging, 'embedding')]
+        from mmdet.models.backbones.pvt import MixFFN
+        from mmdet.models.backbones.swin import ShiftWindowMSA
+        marks += [(MixFFN, 'mlp'), (ShiftWindowMSA, 'attention')]
+    except ImportError:  # without mmcv / mmdet: none of their modules
+        pass
+    return marks
+
+
+def _marked_kind(module: Optional[nn.Module],
+                 library: List[Tuple[type, str]]) -> Optional[str]:
+    """The ``flop_kind`` a module is marked with (ours: a class or instance
+    attribute; the mm libraries': by class), or None."""
+    kind = getattr(module, 'flop_kind', None)
+    if kind is None and module is not None:
+        kind = next((k for cls, k in library if isinstance(module, cls)),
+                    None)
+    return kind
+
+
+def _kind(path: List[str], modules: Dict[str, nn.Module], op: str,
+          library: List[Tuple[type, str]]) -> str:
+    """Kind of an operator run directly by the module at ``path``: the mark
+    of the nearest marked module on the path ('attention': its products,
+    its ``clustering_ops`` and otherwise its projections)."""
     if op in CLUSTERING_OPS:
         return 'clustering'
     for depth in range(len(path), 0, -1):
-        kind = _KIND_BY_NAME.get(path[depth - 1])
+        module = modules.get('.'.join(path[:depth]))
+        kind = _marked_kind(module, library)
         if kind is None:
             continue
-        if kind == 'attention projections' and op in ATTENTION_PRODUCT_OPS:
-            owner = modules.get('.'.join(path))
-            if op == 'bmm' and getattr(owner, 'num_clusters', 0):
+        if kind == 'attention':
+            if op in getattr(module, 'clustering_ops', ()):
                 return 'clustering'  # PaCa: assignment @ tokens
-            return 'attention products'
+            return ('attention products' if op in ATTENTION_PRODUCT_OPS
+                    else 'attention projections')
         return kind
     return 'other'
 
@@ -344,7 +369,7 @@ def analyze_flops(model: nn.Module,
     reducers = {name for name, *_ in calls}
     analytic: Dict[str, Counter] = {name: Counter() for name in reducers}
     for name, module, b, c, hw in calls:
-        analytic[name].update(dpc_knn_flops(module, b, c, hw))
+        analytic[name].update(dpc_knn_macs(module, b, c, hw))
     for name in reducers:
         delta = Counter(analytic[name])
         delta.subtract(per_module.get(name, Counter()))
@@ -367,6 +392,7 @@ def analyze_flops(model: nn.Module,
             parent = name.rsplit('.', 1)[0] if '.' in name else ''
             children.setdefault(parent, []).append(name)
     by_part: Dict[str, int] = Counter()
+    library = _library_kinds()
     for name, counts in per_module.items():
         own = Counter(counts)
         for child in children.get(name, ()):
@@ -375,7 +401,7 @@ def analyze_flops(model: nn.Module,
         for op, value in own.items():
             if not value:
                 continue
-            key = (f'{part}/{_kind(path, modules, op)}'
+            key = (f'{part}/{_kind(path, modules, op, library)}'
                    if part == 'backbone' else part)
             by_part[key] += value
     order = [f'backbone/{k}' for k in KINDS] + ['neck', 'heads', 'other']

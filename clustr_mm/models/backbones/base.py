@@ -20,10 +20,11 @@ from mmengine.model import BaseModule
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from .pretrained import init_backbone_weights
 from ..layers.reducers import PointwiseConv
 from .checks import (check_bool, check_hidden_width, check_images,
                      check_int, check_per_stage, check_stage_output)
+from .pretrained import init_backbone_weights
+from .stage import PyramidStage, drop_path_rates
 
 
 # smallest value and whether ints are required, per arch key
@@ -163,24 +164,52 @@ def official_init(m: nn.Module, pointwise_as_conv: bool = True) -> None:
 class PyramidBackbone(BaseModule):
     """Base of the multi-stage backbones (not registered, not built alone).
 
-    A subclass sets ``arch_zoo``, ``norm_eval_types`` (the norm layers
-    ``norm_eval`` keeps in eval mode) and ``init_pointwise_as_conv`` (see
-    :func:`official_init`); its ``__init__`` calls
-    :meth:`_set_stage_options`, builds ``self.stages`` (one
-    :class:`~.stage.PyramidStage` per stage) and ends with
-    :meth:`_finish_init`. It implements :meth:`_frozen_modules` and, if
-    something runs before the stages, :meth:`forward_stem`.
+    The construction protocol: a subclass sets ``arch_zoo`` (its arch
+    table), ``norm_eval_types`` (the norm layers ``norm_eval`` keeps in eval
+    mode) and ``init_pointwise_as_conv`` (see :func:`official_init`). Its
+    ``__init__`` reads its arch and its own options, setting ``depths`` (the
+    blocks per stage), then calls :meth:`build_pyramid` once, which checks
+    the options every backbone has, calls :meth:`make_stem` (what comes
+    before the stages; nothing by default) and :meth:`make_stage` per stage
+    (a :class:`~.stage.PyramidStage`, given its blocks' drop-path rates),
+    and applies ``with_cp``, ``keep_assignments`` and the freezing. It
+    implements :meth:`make_stage`, :meth:`_frozen_modules` and, if something
+    runs before the stages, :meth:`forward_stem`.
     """
 
     arch_zoo: Dict[str, dict] = {}
     norm_eval_types: Tuple[Type[nn.Module], ...] = (_BatchNorm, )
     init_pointwise_as_conv: bool = True
+    depths: List[int]
 
-    def _set_stage_options(self, num_stages: int, in_channels: int,
-                           out_indices: Union[int, Sequence[int]],
-                           frozen_stages: int, norm_eval: bool,
-                           drop_path_rate: float) -> None:
-        """Check and store the options every backbone has."""
+    def build_pyramid(self, *, in_channels: int,
+                      out_indices: Union[int, Sequence[int]],
+                      frozen_stages: int, norm_eval: bool,
+                      drop_path_rate: float, with_cp: bool,
+                      keep_assignments: bool) -> None:
+        """Check and store the options every backbone has, build the stem
+        and the stages, then apply the options that reach into them."""
+        self._check_options(len(self.depths), in_channels, out_indices,
+                            frozen_stages, norm_eval, drop_path_rate)
+        self.make_stem()
+        rates = drop_path_rates(drop_path_rate, self.depths)
+        self.stages = nn.ModuleList(
+            self.make_stage(i, rates[i]) for i in range(len(self.depths)))
+        self.with_cp = with_cp
+        self.keep_assignments = keep_assignments
+        self.train(self.training)  # frozen_stages and norm_eval from the start
+
+    def make_stem(self) -> None:
+        """Build what comes before the stages (none by default)."""
+
+    def make_stage(self, i: int, drop_path: List[float]) -> PyramidStage:
+        """Stage ``i`` (0-based), its blocks with the ``drop_path`` rates."""
+        raise NotImplementedError
+
+    def _check_options(self, num_stages: int, in_channels: int,
+                       out_indices: Union[int, Sequence[int]],
+                       frozen_stages: int, norm_eval: bool,
+                       drop_path_rate: float) -> None:
         self.in_channels = check_int('in_channels', in_channels, 1)
         self.out_indices = parse_out_indices(out_indices, num_stages)
         frozen_stages = check_int('frozen_stages', frozen_stages, -1)
@@ -194,12 +223,6 @@ class PyramidBackbone(BaseModule):
                              f'{drop_path_rate!r}')
         self.frozen_stages = frozen_stages
         self.norm_eval = check_bool('norm_eval', norm_eval)
-
-    def _finish_init(self, with_cp: bool, keep_assignments: bool) -> None:
-        """Apply the options that reach into the stages, then freeze."""
-        self.with_cp = with_cp
-        self.keep_assignments = keep_assignments
-        self.train(self.training)  # frozen_stages and norm_eval from the start
 
     @property
     def with_cp(self) -> bool:
@@ -231,8 +254,6 @@ class PyramidBackbone(BaseModule):
         for stage in self.stages:
             stage.keep_assignments = on
             stage.assignments = []
-            for block in stage.blocks:
-                block.attn.record_assignments = on
 
     @property
     def assignments(self) -> List[List[List[torch.Tensor]]]:

@@ -16,7 +16,7 @@ from ..layers import (CLUSTR_SCALES, ClusterAttention, ConvFFN, DropPath,
 from .base import PyramidBackbone, parse_arch, per_stage_reducers
 from ..layers.token_reducer import reducer_accepts
 from .checks import check_bool, check_int, warn_unused
-from .stage import PyramidStage, drop_path_rates
+from .stage import BlockOutput, PyramidStage
 
 # The earlier checkpoint key layout (patch_embeds.i, stages.i.j, norms.i):
 # such checkpoints must keep loading.
@@ -30,10 +30,11 @@ _LEGACY_KEYS = [
 class ClusTRBlock(nn.Module):
     """Pre-norm block: x + DropPath(Attn(LN(x))), x + DropPath(MLP(LN(x))).
 
-    ``reducer`` and ``compact_qv`` go to :class:`ClusterAttention`.
+    ``sr_ratio``, ``window_size``, ``max_chunk_elems``, ``reducer`` and
+    ``compact_qv`` go to :class:`ClusterAttention`.
     """
 
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float,
+    def __init__(self, dim: int, *, num_heads: int, mlp_ratio: float,
                  sr_ratio: int, drop_path: float = 0.0,
                  window_size: Optional[int] = None,
                  max_chunk_elems: Optional[int] = None,
@@ -50,11 +51,13 @@ class ClusTRBlock(nn.Module):
         self.mlp = ConvFFN(dim, int(dim * mlp_ratio))
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int],
-                assignment: Optional[torch.Tensor] = None):
-        """(tokens, grid, assignment) -> (tokens, assignment): ClusTR blocks
+                assignment: Optional[torch.Tensor] = None) -> BlockOutput:
+        """(tokens, grid, assignment) -> :class:`BlockOutput`: ClusTR blocks
         cluster on their own and pass a stage's assignment on unchanged."""
-        x = x + self.drop_path(self.attn(self.norm1(x), hw))
-        return x + self.drop_path(self.mlp(self.norm2(x), hw)), assignment
+        out, used = self.attn(self.norm1(x), hw)
+        x = x + self.drop_path(out)
+        x = x + self.drop_path(self.mlp(self.norm2(x), hw))
+        return BlockOutput(x, assignment, used)
 
 
 @register_model
@@ -161,8 +164,6 @@ class ClusTR(PyramidBackbone):
         self.mlp_ratios = list(settings['mlp_ratios'])
         self.sr_ratios = list(settings['sr_ratios'])
         self.num_stages = len(self.depths)
-        self._set_stage_options(self.num_stages, in_channels, out_indices,
-                                frozen_stages, norm_eval, drop_path_rate)
         if clustering_mode not in self.clustering_modes:
             raise ValueError(
                 f'clustering_mode must be one of {self.clustering_modes}, '
@@ -172,27 +173,35 @@ class ClusTR(PyramidBackbone):
             self.default_window_size if window_size is None else window_size)
         if max_chunk_elems is not None:
             check_int('max_chunk_elems', max_chunk_elems, 1)
+        self.max_chunk_elems = max_chunk_elems
         self.reducers = self._parse_reducers(reducers)
         self.compact_qv = check_bool('compact_qv', compact_qv)
         self._warn_unused(window_size, max_chunk_elems)
+        self.build_pyramid(in_channels=in_channels, out_indices=out_indices,
+                           frozen_stages=frozen_stages, norm_eval=norm_eval,
+                           drop_path_rate=drop_path_rate, with_cp=with_cp,
+                           keep_assignments=keep_assignments)
 
-        rates = drop_path_rates(drop_path_rate, self.depths)
-        windows = (self.window_sizes if clustering_mode == 'window' else
-                   [None] * self.num_stages)
-        cin = self.in_channels
-        self.stages = nn.ModuleList()
-        for i, dim in enumerate(self.embed_dims):
-            first = i == 0
-            self.stages.append(PyramidStage(
-                OverlapPatchEmbed(cin, dim, kernel_size=7 if first else 3,
-                                  stride=4 if first else 2),
-                [ClusTRBlock(dim, self.num_heads[i], self.mlp_ratios[i],
-                             self.sr_ratios[i], rate, windows[i],
-                             max_chunk_elems, self.reducers[i], compact_qv)
-                 for rate in rates[i]],
-                dim))
-            cin = dim
-        self._finish_init(with_cp, keep_assignments)
+    def make_stage(self, i: int, drop_path: List[float]) -> PyramidStage:
+        """A row of the arch table: patch embedding (7x7/4 first, then
+        3x3/2), ``depths[i]`` blocks, LayerNorm."""
+        dim, first = self.embed_dims[i], i == 0
+        window = (self.window_sizes[i] if self.clustering_mode == 'window'
+                  else None)
+        return PyramidStage(
+            OverlapPatchEmbed(self.in_channels if first else
+                              self.embed_dims[i - 1], dim,
+                              kernel_size=7 if first else 3,
+                              stride=4 if first else 2),
+            [ClusTRBlock(dim, num_heads=self.num_heads[i],
+                         mlp_ratio=self.mlp_ratios[i],
+                         sr_ratio=self.sr_ratios[i], drop_path=rate,
+                         window_size=window,
+                         max_chunk_elems=self.max_chunk_elems,
+                         reducer=self.reducers[i],
+                         compact_qv=self.compact_qv)
+             for rate in drop_path],
+            dim)
 
     def _parse_arch(self, arch: Union[str, dict]) -> dict:
         return parse_arch(arch, self.arch_zoo, self.essential_keys,

@@ -20,13 +20,14 @@ from ..layers import ConvFFN, DropPath, PaCaAttention, tokens_to_map
 from ..layers.token_reducer import reducer_class
 from .base import PyramidBackbone, parse_arch, per_stage_reducers
 from .checks import check_bool, check_int, check_per_stage, warn_unused
-from .stage import PyramidStage, drop_path_rates, map_to_tokens
+from .stage import BlockOutput, PyramidStage, map_to_tokens
 
 Tokens = Tuple[torch.Tensor, Tuple[int, int]]
 
 
 class PaCaStem(nn.Module):
     """Two 3x3 stride-2 convs (3 -> C/2 -> C, nothing between) + LayerNorm."""
+    flop_kind = 'embedding'
 
     def __init__(self, in_channels: int, dim: int):
         super().__init__()
@@ -44,6 +45,7 @@ class PaCaStem(nn.Module):
 
 class PaCaDownsample(nn.Module):
     """Transition between stages: 3x3 stride-2 conv + LayerNorm."""
+    flop_kind = 'embedding'
 
     def __init__(self, in_dim: int, out_dim: int):
         super().__init__()
@@ -62,9 +64,10 @@ class PaCaBlock(nn.Module):
     :class:`PaCaAttention`.
     """
 
-    def __init__(self, dim: int, num_heads: int, num_clusters: int,
-                 clustering: Optional[str], mlp_ratio: int, drop_path: float,
-                 reducer: Optional[dict] = None, compact_qv: bool = False,
+    def __init__(self, dim: int, *, num_heads: int, num_clusters: int,
+                 clustering: Optional[str], mlp_ratio: int,
+                 drop_path: float = 0.0, reducer: Optional[dict] = None,
+                 compact_qv: bool = False,
                  reducer_context: Optional[dict] = None):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
@@ -77,13 +80,14 @@ class PaCaBlock(nn.Module):
         self.drop_path = DropPath(drop_path)
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int],
-                assignment: Optional[torch.Tensor] = None):
-        """(tokens, grid, assignment) -> (tokens, the assignment it used,
-        for the next block of the stage)."""
-        out, assignment = self.attn(self.norm1(x), hw, assignment)
+                assignment: Optional[torch.Tensor] = None) -> BlockOutput:
+        """(tokens, grid, assignment) -> :class:`BlockOutput`, whose
+        assignment for the next block of the stage is the one this block
+        used (its first scale: fresh if it owns a reducer)."""
+        out, used = self.attn(self.norm1(x), hw, assignment)
         x = x + self.drop_path(out)
         x = x + self.drop_path(self.ffn(self.norm2(x), hw))
-        return x, assignment
+        return BlockOutput(x, used[0] if used else assignment, used)
 
 
 class ConvMixerLayer(nn.Module):
@@ -142,6 +146,7 @@ class ConvMixerTeacher(nn.Module):
         num_clusters (Sequence[int]): Clusters per stage (0: none).
         kernel_size (int): Depthwise kernel size. Default: 7.
     """
+    flop_kind = 'clustering'
 
     def __init__(self, embed_dims: Sequence[int], depths: Sequence[int],
                  num_clusters: Sequence[int], kernel_size: int = 7):
@@ -154,6 +159,8 @@ class ConvMixerTeacher(nn.Module):
         self.downsamples = nn.ModuleList(
             ConvGeluBN(embed_dims[i], embed_dims[i + 1], 3, 2, blur=True)
             for i in range(n - 1))
+        for down in self.downsamples:  # the teacher's own patch embeddings
+            down.flop_kind = 'embedding'
         self.laterals = nn.ModuleList(
             ConvGeluBN(embed_dims[i + 1], embed_dims[i], 1)
             for i in range(n - 1))
@@ -296,9 +303,7 @@ class PaCaViT(PyramidBackbone):
             raise ValueError(f'clustering must be one of {self.clusterings}, '
                              f'got {clustering!r}')
         arch = self.arch_settings(arch, clustering)
-        embed_dims, num_heads, depths = (arch['embed_dims'], arch['num_heads'],
-                                         arch['depths'])
-        mlp_ratios = arch['mlp_ratios']
+        embed_dims, depths = arch['embed_dims'], arch['depths']
         if num_clusters is None:
             num_clusters = (100, ) * 4 if clustering == 'teacher' else (
                 100, 100, 100, 0)
@@ -309,50 +314,61 @@ class PaCaViT(PyramidBackbone):
             raise ValueError('clustering_interval does not apply to '
                              "clustering='teacher' (the teacher assigns for "
                              'every block)')
-        self._set_stage_options(self.num_stages, in_channels, out_indices,
-                                frozen_stages, norm_eval, drop_path_rate)
 
         self.arch = arch
         self.clustering = clustering
+        self.clustering_interval = clustering_interval
         self.num_clusters = num_clusters
         self.embed_dims = embed_dims
-
-        self.stem = PaCaStem(self.in_channels, embed_dims[0])
-        self.teacher = None
-        if clustering == 'teacher':
-            self.teacher = ConvMixerTeacher(embed_dims, arch['teacher_depths'],
-                                            num_clusters)
-
+        self.depths = list(depths)
         self.reducers = self._parse_reducers(reducers, clustering,
                                              num_clusters)
         self.compact_qv = check_bool('compact_qv', compact_qv)
         self._check_unused(given_clustering, reducers, clustering_interval)
-        rates = drop_path_rates(drop_path_rate, depths)
-        self.stages = nn.ModuleList()
-        for i in range(self.num_stages):
-            reducer = self.reducers[i]
-            cls = reducer_class(reducer)
-            blocks = []
-            for j, rate in enumerate(rates[i]):
-                if clustering == 'teacher':
-                    own = False
-                elif cls is not None and not cls.shareable:
-                    own = True
-                elif clustering_interval == 0:
-                    own = j == 0
-                else:
-                    own = j % clustering_interval == 0
-                blocks.append(
-                    PaCaBlock(embed_dims[i], num_heads[i], num_clusters[i],
-                              clustering if own else None, mlp_ratios[i],
-                              rate, reducer=reducer if own else None,
-                              compact_qv=compact_qv,
-                              reducer_context=dict(
-                                  sr_ratio=self.default_sr_ratios[i])))
-            downsample = (PaCaDownsample(embed_dims[i - 1], embed_dims[i])
-                          if i > 0 else None)  # stage 1 starts at the stem
-            self.stages.append(PyramidStage(downsample, blocks, embed_dims[i]))
-        self._finish_init(with_cp, keep_assignments)
+        self.build_pyramid(in_channels=in_channels, out_indices=out_indices,
+                           frozen_stages=frozen_stages, norm_eval=norm_eval,
+                           drop_path_rate=drop_path_rate, with_cp=with_cp,
+                           keep_assignments=keep_assignments)
+
+    def make_stem(self) -> None:
+        """The stem (stage 1's patch embedding) and, with
+        ``clustering='teacher'``, the teacher network."""
+        self.stem = PaCaStem(self.in_channels, self.embed_dims[0])
+        self.teacher = None
+        if self.clustering == 'teacher':
+            self.teacher = ConvMixerTeacher(self.embed_dims,
+                                            self.arch['teacher_depths'],
+                                            self.num_clusters)
+
+    def _owns_reducer(self, i: int, j: int) -> bool:
+        """Whether block j of stage i clusters on its own (else it applies
+        the assignment of an earlier block or of the teacher)."""
+        cls = reducer_class(self.reducers[i])
+        if self.clustering == 'teacher':
+            return False
+        if cls is not None and not cls.shareable:
+            return True
+        if self.clustering_interval == 0:
+            return j == 0
+        return j % self.clustering_interval == 0
+
+    def make_stage(self, i: int, drop_path: List[float]) -> PyramidStage:
+        """A row of the arch table: downsampling (none in stage 1: the
+        stem's map), ``depths[i]`` PaCa blocks, LayerNorm."""
+        dim, blocks = self.embed_dims[i], []
+        for j, rate in enumerate(drop_path):
+            own = self._owns_reducer(i, j)
+            blocks.append(PaCaBlock(
+                dim, num_heads=self.arch['num_heads'][i],
+                num_clusters=self.num_clusters[i],
+                clustering=self.clustering if own else None,
+                mlp_ratio=self.arch['mlp_ratios'][i], drop_path=rate,
+                reducer=self.reducers[i] if own else None,
+                compact_qv=self.compact_qv,
+                reducer_context=dict(sr_ratio=self.default_sr_ratios[i])))
+        downsample = (PaCaDownsample(self.embed_dims[i - 1], dim)
+                      if i > 0 else None)  # stage 1 starts at the stem
+        return PyramidStage(downsample, blocks, dim)
 
     def _check_unused(self, clustering: Optional[str], reducers,
                       clustering_interval: int) -> None:

@@ -4,7 +4,7 @@ A stage is what both papers' architecture tables list per row: a patch
 embedding (``downsample``), ``depth`` pre-norm blocks and a LayerNorm; it
 takes a (B, C_in, H_in, W_in) map and returns its (B, C, H, W) map.
 """
-from typing import List, Optional, Sequence
+from typing import List, NamedTuple, Optional, Sequence
 
 import torch
 from torch import nn
@@ -28,18 +28,27 @@ def drop_path_rates(rate: float, depths: Sequence[int]) -> List[List[float]]:
     return [rates[s:s + d] for s, d in zip(starts, depths)]
 
 
+class BlockOutput(NamedTuple):
+    """What a block returns: its ``tokens`` (B, N, C); the ``assignment``
+    for the next block of the stage (PaCa-ViT's stage-wise clustering; other
+    blocks pass on the one they got); ``assignments``, per scale the
+    assignments behind its attention's keys and values (none for full
+    attention), which the stage records."""
+    tokens: torch.Tensor
+    assignment: Optional[torch.Tensor]
+    assignments: List[torch.Tensor]
+
+
 class PyramidStage(nn.Module):
     """Patch embedding, blocks, LayerNorm; map in, map out.
 
-    Every block is called as ``block(tokens, hw, assignment) -> (tokens,
-    assignment)``: a block may hand a cluster assignment to the next block of
-    its stage (PaCa-ViT's stage-wise clustering); others pass it on.
+    Every block is called as ``block(tokens, hw, assignment)`` and returns a
+    :class:`BlockOutput`; nothing else of a block is read.
 
     Args:
         downsample (nn.Module, optional): Map -> (tokens, (H, W)); None when
             the input is already this stage's embedded map (PaCa's stem).
-        blocks (Sequence[nn.Module]): The stage's blocks; each has an
-            ``attn`` (:class:`~..layers.SummaryAttention`).
+        blocks (Sequence[nn.Module]): The stage's blocks.
         dim (int): Channels of the stage.
         norm_eps (float): Epsilon of the output LayerNorm. Default 1e-6.
 
@@ -50,12 +59,11 @@ class PyramidStage(nn.Module):
             The recomputation runs the same code on the same input under the
             same RNG state, so the clustering's no-grad part gives the same
             assignment again. Default False.
-        keep_assignments (bool): Set by the backbone's ``keep_assignments``
-            (with its blocks' ``attn.record_assignments``).
+        keep_assignments (bool): Set by the backbone's ``keep_assignments``.
         assignments (list): With ``keep_assignments``, after each forward
-            one entry per block: the per-scale assignment
-            maps its attention used (see :func:`~..layers.assignment_map`),
-            empty for full attention.
+            one entry per block: the maps (see
+            :func:`~..layers.assignment_map`) of the per-scale assignments
+            it returned, empty for full attention.
     """
 
     def __init__(self, downsample: Optional[nn.Module],
@@ -85,17 +93,18 @@ class PyramidStage(nn.Module):
         else:
             tokens, hw = map_to_tokens(x), (x.shape[2], x.shape[3])
         cp = self.with_cp and torch.is_grad_enabled()
+        kept = []
         for block in self.blocks:
             if cp:
-                tokens, assignment = checkpoint(
+                tokens, assignment, used = checkpoint(
                     block, tokens, hw, assignment, use_reentrant=False)
             else:
-                tokens, assignment = block(tokens, hw, assignment)
+                tokens, assignment, used = block(tokens, hw, assignment)
+            if self.keep_assignments:
+                kept.append([assignment_map(a, hw) for a in used])
         if skip is not None:
             tokens = tokens + map_to_tokens(skip)
         tokens = self.norm(tokens)
         if self.keep_assignments:
-            self.assignments = [[assignment_map(a, hw)
-                                 for a in b.attn.assignments]
-                                for b in self.blocks]
+            self.assignments = kept
         return tokens_to_map(tokens, hw)

@@ -51,7 +51,7 @@ class SummaryAttention(nn.Module):
             ``reducer_context``), or None for full self-attention, or for an
             external assignment with ``shared=True``.
         shared (bool): No own reducer: the summary is an assignment handed to
-            :meth:`attend` (PaCa's later blocks of a stage, or its teacher)
+            :meth:`forward` (PaCa's later blocks of a stage, or its teacher)
             applied to this layer's tokens. Default False.
         qkv_bias (bool): Bias of the q/k/v projections. Default True.
         kv_layout (str): 'fused' (``kv``) or 'split' (``k``, ``v``).
@@ -64,6 +64,14 @@ class SummaryAttention(nn.Module):
             reducer's constructor (e.g. ``sr_ratio``, ``window_size``).
     """
     kv_layouts = ('fused', 'split')
+    # How analysis.flops sorts the work of a module (the first marked one
+    # up its path): 'attention' is its projections, except the attention
+    # products (matmul, bmm, sdpa...) it runs itself and, listed in
+    # clustering_ops, the ops that make summary tokens (a shared layer's
+    # assignment @ tokens); the token weights and summary norms are marked
+    # 'clustering' below.
+    flop_kind = 'attention'
+    clustering_ops: Tuple[str, ...] = ()
 
     def __init__(self,
                  dim: int,
@@ -110,6 +118,8 @@ class SummaryAttention(nn.Module):
         # Registration order = state-dict order of the released models.
         self.q = nn.Linear(dim, dim, bias=qkv_bias)
         self.weight_layer = nn.Linear(dim, 1) if token_weights else None
+        if token_weights:
+            self.weight_layer.flop_kind = 'clustering'
         self._k_names, self._v_names, self._norm_names = [], [], []
         for s in range(num_scales):
             suffix = str(s + 1) if num_scales > 1 else ''
@@ -133,16 +143,15 @@ class SummaryAttention(nn.Module):
         for s in range(num_scales):
             suffix = str(s + 1) if num_scales > 1 else ''
             if summary_norm and has_summary:
-                self._add(f'cluster_norm{suffix}',
-                          nn.LayerNorm(dim, eps=1e-6), self._norm_names)
+                norm = nn.LayerNorm(dim, eps=1e-6)
+                norm.flop_kind = 'clustering'
+                self._add(f'cluster_norm{suffix}', norm, self._norm_names)
             else:
                 self._norm_names.append(None)
         self.clustering = clustering
+        if shared:
+            self.clustering_ops = ('bmm', )  # apply_assignment
         self.fused = kv_layout == 'fused' and not compact_qv
-        # for visualisation (the backbones' keep_assignments): the last
-        # forward's per-scale assignments, detached
-        self.record_assignments = False
-        self.assignments: List[torch.Tensor] = []
 
     def _add(self, name: str, module: nn.Module, names: list) -> None:
         self.add_module(name, module)
@@ -158,10 +167,11 @@ class SummaryAttention(nn.Module):
             return key(z), q if z is x else self.q(z)
         return key(z), getattr(self, self._v_names[s])(z)
 
-    def attend(self, x: torch.Tensor, hw: Grid,
-               assignment: Optional[torch.Tensor] = None
-               ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
-        """x: (B, N, C) tokens of the ``hw`` grid.
+    def forward(self, x: torch.Tensor, hw: Grid,
+                assignment: Optional[torch.Tensor] = None
+                ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+        """x: (B, N, C) tokens of the ``hw`` grid (every attention of the
+        package is called so).
 
         Args:
             assignment: (B, M, N) soft assignment, required by shared layers
@@ -206,8 +216,6 @@ class SummaryAttention(nn.Module):
             ]
         else:
             summaries, assignments = [x], []
-        if self.record_assignments:
-            self.assignments = [a.detach() for a in assignments]
         out = None
         for s, z in enumerate(summaries):
             if self._norm_names[s] is not None:
@@ -216,11 +224,6 @@ class SummaryAttention(nn.Module):
             o = multi_head_attention(q, k, v, self.num_heads)
             out = o if out is None else out + o
         return self.proj_drop(self.proj(out)), assignments
-
-    def forward(self, x: torch.Tensor, hw: Grid,
-                assignment: Optional[torch.Tensor] = None
-                ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
-        return self.attend(x, hw, assignment)
 
 
 class ClusterAttention(SummaryAttention):
@@ -267,10 +270,6 @@ class ClusterAttention(SummaryAttention):
             reducer_context=dict(sr_ratio=sr_ratio, window_size=window_size,
                                  max_chunk_elems=max_chunk_elems))
         self.sr_ratio = sr_ratio
-
-    def forward(self, x: torch.Tensor, hw: Grid) -> torch.Tensor:
-        """x: (B, H * W, C) tokens of the ``hw`` grid -> (B, H * W, C)."""
-        return self.attend(x, hw)[0]
 
 
 class PaCaAttention(SummaryAttention):
@@ -330,18 +329,3 @@ class PaCaAttention(SummaryAttention):
                                  kernel_size=kernel_size, mlp_ratio=mlp_ratio,
                                  **(reducer_context or {})))
         self.num_clusters = num_clusters
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        hw: Grid,
-        assignment: Optional[torch.Tensor] = None
-    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """x: (B, N, C) normalised tokens; assignment: (B, M, N) or None.
-
-        Returns the attention output (B, N, C) and the assignment used (the
-        fresh one if this layer owns a reducer; its first scale), for later
-        blocks.
-        """
-        out, assignments = self.attend(x, hw, assignment)
-        return out, (assignments[0] if assignments else assignment)

@@ -16,6 +16,7 @@ class ConvFFN(nn.Module):
         hidden_dim (int): Hidden channels (``mlp_ratio * dim``).
         drop (float): Dropout after the activation and after ``fc2``.
     """
+    flop_kind = 'mlp'  # what analysis.flops counts its work as
 
     def __init__(self, dim: int, hidden_dim: int, drop: float = 0.0):
         super().__init__()

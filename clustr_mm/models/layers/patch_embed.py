@@ -18,6 +18,7 @@ class OverlapPatchEmbed(nn.Module):
         stride (int): Conv stride (4 for stage 1, 2 later).
         norm_eps (float): LayerNorm epsilon. Default 1e-5.
     """
+    flop_kind = 'embedding'  # what analysis.flops counts its work as
 
     def __init__(self, in_channels: int, embed_dims: int, kernel_size: int,
                  stride: int, norm_eps: float = 1e-5):

@@ -147,7 +147,6 @@ class SoftCluster(TokenReducer):
         if weights is not None:
             logits = logits + weights.log()
         assignment = soft_assignment(logits)
-        self._keep([assignment])
         return Reduction([apply_assignment(assignment, x)], [assignment])
 
     def extra_repr(self) -> str:
@@ -194,7 +193,6 @@ class GridPool(TokenReducer):
         grid = _pad_to_multiple(tokens_to_map(x, hw), self.sr_ratio)
         z = self.norm(self.sr(grid).flatten(2).transpose(1, 2))
         ids = [self.cell_ids(hw, x.device).expand(x.shape[0], -1)]
-        self._keep(ids)
         return Reduction([z], ids)
 
     def extra_repr(self) -> str:
@@ -422,7 +420,6 @@ class CentroidAttention(TokenReducer):
                 upd, p = self._knn_step(q, k, v, idx)
             u = u + upd.transpose(1, 2).reshape(b, m, c) / self.iters
         ids = [self._hard_ids(p.detach(), idx, x.shape[1])]
-        self._keep(ids)
         return Reduction([u], ids)
 
     def extra_repr(self) -> str:

@@ -14,8 +14,9 @@ formed. Each way is a registered :class:`TokenReducer` with one interface::
 ``exp(weight_layer(x))``), used by reducers that merge tokens. Assignments,
 for visualisation (and, for shareable reducers, for reuse by later blocks),
 are either hard ids (B, N) long (``-1`` = token not assigned) or soft
-weights (B, M, N) float. With ``record_assignments = True`` a reducer also
-keeps the last forward's assignments in ``self.assignments``.
+weights (B, M, N) float. A reducer keeps none of them: the attention returns
+them, its block too, and the backbone's stage collects them (its
+``keep_assignments``).
 
 The reducers: :class:`~.dpc_knn.DPCKNN` (ClusTR) and those of
 :mod:`~.reducers` (PaCa-ViT's soft clustering, PVT's grid pooling,
@@ -51,20 +52,14 @@ class TokenReducer(nn.Module):
         fp32 (bool): Whether it computes in fp32 whatever the autocast: the
             attention then hands it the tokens cast to fp32 once and makes
             the token weights from them in fp32 too.
+        flop_kind (str): 'clustering': how ``analysis.flops`` sorts the
+            work of a reducer (see ``SummaryAttention.flop_kind``).
     """
     num_scales = 1
+    flop_kind = 'clustering'  # what analysis.flops counts its work as
     uses_token_weights = False
     shareable = False
     fp32 = False
-
-    def __init__(self):
-        super().__init__()
-        self.record_assignments = False
-        self.assignments: Optional[List[torch.Tensor]] = None
-
-    def _keep(self, assignments: List[torch.Tensor]) -> None:
-        if self.record_assignments:
-            self.assignments = [a.detach() for a in assignments]
 
     def num_tokens(self, hw: Grid) -> List[int]:
         """Summary tokens per scale for a grid of ``hw`` tokens."""

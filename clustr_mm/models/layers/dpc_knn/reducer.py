@@ -241,7 +241,6 @@ class DPCKNN(TokenReducer):
         layout = self.layout(hw, x.device)
         ids = assign_clusters(x, layout)
         tokens = merge_clusters(x, weights, ids, layout, dtype)
-        self._keep(ids.scales)
         return Reduction(tokens, ids.scales)
 
     def extra_repr(self) -> str:
