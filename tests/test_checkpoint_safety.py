@@ -279,3 +279,24 @@ def test_resume_under_forced_restricted_mode(tiny_data, tmp_path):
                     'train_cfg.max_epochs=2'], env=env).stdout
     assert 'resumed epoch: 1' in out, out[-3000:]
     assert (tmp_path / 'epoch_2.pth').exists()
+
+
+def test_one_unwrapping_for_every_reader(tmp_path):
+    """A file wrapping weights under both 'state_dict' and 'model' (and
+    DataParallel's 'module.') reads the same through the checkpoint reader
+    and a backbone's Pretrained init: 'state_dict' wins in both."""
+    model = MODELS.build(dict(type='ClusTR', arch=dict(
+        embed_dims=(8, 8, 8, 8), depths=(1, 1, 1, 1), num_heads=(1, 1, 1, 1),
+        mlp_ratios=(1, 1, 1, 1))))
+    good = {f'module.{k}': torch.full_like(v, 0.5)
+            for k, v in model.state_dict().items()}
+    path = tmp_path / 'both.pth'
+    torch.save(dict(model={'module.x': torch.zeros(1)}, state_dict=good),
+               path)
+    assert read_checkpoint(str(path)).keys() == model.state_dict().keys()
+    model = MODELS.build(dict(type='ClusTR', arch=dict(
+        embed_dims=(8, 8, 8, 8), depths=(1, 1, 1, 1), num_heads=(1, 1, 1, 1),
+        mlp_ratios=(1, 1, 1, 1)), init_cfg=dict(type='Pretrained',
+                                                checkpoint=str(path))))
+    model.init_weights()
+    assert all((v == 0.5).all() for v in model.state_dict().values())

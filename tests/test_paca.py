@@ -444,8 +444,10 @@ def test_converter_round_trip(clustering):
     torch.testing.assert_close(converted.pop('head.fc.bias'),
                                official['head.bias'])
     converted.pop('head.fc.weight')
+    assert all(k.startswith('backbone.') for k in converted)
     fresh = build(clustering)
-    fresh.load_state_dict(converted, strict=True)
+    fresh.load_state_dict({k[len('backbone.'):]: v
+                           for k, v in converted.items()}, strict=True)
     x = torch.randn(1, 3, 40, 48)
     assert_same(outputs(fresh, x), outputs(model, x))
 
@@ -456,7 +458,8 @@ def test_converter_round_trip(clustering):
     converted, skipped = convert_paca_official(detector)
     assert skipped == ['neck.lateral_convs.0.conv.weight']
     assert not any(k.startswith('head.') for k in converted)
-    fresh.load_state_dict(converted, strict=True)
+    fresh.load_state_dict({k[len('backbone.'):]: v
+                           for k, v in converted.items()}, strict=True)
 
 
 def test_converter_cli_output_loads_with_prefix(tmp_path):

@@ -11,12 +11,17 @@ the same.
 """
 import re
 from collections import OrderedDict
-from typing import List, Mapping, Tuple
+from typing import List, Mapping, Optional, Tuple
 
 import torch
 
 from ..models.backbones.clustr import ClusTR
 from .keys import strip_module_prefix
+
+OFFICIAL = 'official ClusTR classifier'
+LEGACY = 'earlier clustr_mm ClusTR layout'
+# keys only the official code's files have
+SIGNATURE = ('patch_embed1.proj.weight', 'block1.0.attn.q.weight')
 
 _RULES = [
     (re.compile(r'^patch_embed(\d+)\.(.+)$'),
@@ -53,8 +58,47 @@ def convert_clustr_official(
     return converted, unmatched
 
 
-def infer_clustr_arch(converted: Mapping[str, torch.Tensor]) -> str:
-    """Name of the arch_zoo entry whose depths and widths the weights have."""
+def clustr_official_layout(state: Mapping) -> Optional[str]:
+    """:data:`OFFICIAL` if ``state`` (a state dict) is the official code's,
+    else None."""
+    state = strip_module_prefix(state)
+    return OFFICIAL if all(k in state for k in SIGNATURE) else None
+
+
+def clustr_legacy_layout(state: Mapping) -> Optional[str]:
+    """:data:`LEGACY` if ``state`` has ClusTR keys of clustr_mm's earlier
+    layout (``patch_embeds.i``, ``stages.i.j``, ``norms.i``; bare or under
+    ``backbone.``), else None."""
+    bare = [k[len('backbone.'):] if k.startswith('backbone.') else k
+            for k in strip_module_prefix(state)]
+    return LEGACY if ClusTR.upgrade_state_dict(
+        dict.fromkeys(bare)).keys() != set(bare) else None
+
+
+def convert_clustr_legacy(
+        state: Mapping[str, torch.Tensor]
+) -> Tuple['OrderedDict[str, torch.Tensor]', List[str]]:
+    """Earlier clustr_mm ClusTR keys -> today's, under ``backbone.`` (a
+    classifier's ``head.*`` and other keys of a whole model keep their
+    names). The same rules load such files into a ClusTR directly
+    (``ClusTR.upgrade_state_dict``). Returns the dict and (no) unmatched
+    keys, as the other converters do."""
+    state = strip_module_prefix(state)
+    whole = any(k.startswith('backbone.') for k in state)
+    backbone = {k[len('backbone.'):] if whole else k: v
+                for k, v in state.items()
+                if not whole or k.startswith('backbone.')}
+    out = OrderedDict((f'backbone.{k}', v) for k, v in
+                      ClusTR.upgrade_state_dict(backbone).items())
+    if whole:
+        out.update((k, v) for k, v in state.items()
+                   if not k.startswith('backbone.'))
+    return out, []
+
+
+def infer_clustr_config(converted: Mapping[str, torch.Tensor]) -> dict:
+    """``ClusTR`` kwargs of converted weights (``backbone.*`` keys): the
+    arch_zoo entry whose depths and widths they have."""
     depths, dims = [], []
     for i in range(4):
         blocks = {
@@ -66,6 +110,6 @@ def infer_clustr_arch(converted: Mapping[str, torch.Tensor]) -> str:
         dims.append(None if weight is None else int(weight.shape[0]))
     for name, arch in ClusTR.arch_zoo.items():
         if list(arch['depths']) == depths and list(arch['embed_dims']) == dims:
-            return name
+            return dict(arch=name)
     raise ValueError(f'no ClusTR arch has depths {depths} and embed dims '
                      f'{dims}; pass the arch explicitly')

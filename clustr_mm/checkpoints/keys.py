@@ -1,32 +1,20 @@
-"""State-dict key helpers shared by checkpoint loading and the converters."""
-from typing import Dict, List, Mapping, Optional
+"""State-dict key helpers shared by checkpoint loading and the converters.
+
+Unwrapping (``state_dict`` / ``model``, DataParallel's ``module.``) is
+decided once, beside the backbones' own loader
+(:mod:`~clustr_mm.models.backbones.pretrained`), and used from there.
+"""
+from typing import Dict, List, Mapping
 
 import torch
 
+from ..models.backbones.pretrained import (state_dict_key,
+                                           strip_module_prefix,
+                                           unwrap_state_dict)
+
 StateDict = Dict[str, torch.Tensor]
-
-
-def state_dict_key(checkpoint: Mapping) -> Optional[str]:
-    """``'model'`` or ``'state_dict'``, whichever wraps the weights, or None
-    for a bare state dict."""
-    for key in ('model', 'state_dict'):
-        if key in checkpoint and isinstance(checkpoint[key], Mapping):
-            return key
-    return None
-
-
-def unwrap_state_dict(checkpoint: Mapping) -> Mapping[str, torch.Tensor]:
-    """The state dict inside ``{'model': ...}`` / ``{'state_dict': ...}``."""
-    key = state_dict_key(checkpoint)
-    return checkpoint if key is None else checkpoint[key]
-
-
-def strip_module_prefix(state: Mapping[str, torch.Tensor]
-                        ) -> Mapping[str, torch.Tensor]:
-    """Drop the ``module.`` prefix of a DataParallel / DDP state dict."""
-    if state and all(k.startswith('module.') for k in state):
-        return {k[len('module.'):]: v for k, v in state.items()}
-    return state
+__all__ = ['StateDict', 'state_dict_key', 'unwrap_state_dict',
+           'strip_module_prefix', 'compare_state_dicts']
 
 
 def compare_state_dicts(converted: Mapping[str, torch.Tensor],

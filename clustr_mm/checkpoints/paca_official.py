@@ -98,10 +98,11 @@ def convert_paca_official(state: StateDict) -> Tuple[StateDict, List[str]]:
 
     Accepts a raw state dict (timm release) or a detector / segmentor one
     (only its ``backbone.*`` keys are used). Returns the converted dict
-    (backbone keys without prefix, plus ``head.fc.weight/bias`` when the
-    source has the ImageNet head) and the source keys that were not
-    converted (necks and heads of detectors, unknown keys). The teacher's
-    fixed blur kernels are dropped, not reported.
+    (the backbone under ``backbone.``, plus ``head.fc.weight/bias`` when the
+    source has the ImageNet head: a classifier's keys, as the ClusTR
+    converter gives them) and the source keys that were not converted
+    (necks and heads of detectors, unknown keys). The teacher's fixed blur
+    kernels are dropped, not reported.
     """
     state, skipped = _strip_wrappers(state)
     conv = re.compile(r'.*\.clustering\.clustering\.4\.')
@@ -118,13 +119,15 @@ def convert_paca_official(state: StateDict) -> Tuple[StateDict, List[str]]:
                 continue
             if name in ('pwconv', 'to_clusters') and value.dim() == 4:
                 value = value.flatten(1)
-            out[f'stages.{int(match["i"]) - 1}.blocks.{match["b"]}.attn.'
-                f'clustering.{name}.{match["r"]}'] = value
+            out[f'backbone.stages.{int(match["i"]) - 1}.blocks.{match["b"]}.'
+                f'attn.clustering.{name}.{match["r"]}'] = value
             continue
         for pattern, template in _RULES:
             match = re.match(pattern, key)
             if match:
-                out[_fill(template, match)] = value
+                new = _fill(template, match)
+                out[new if new.startswith('head.fc.') else
+                    f'backbone.{new}'] = value
                 break
         else:
             skipped.append(key)
@@ -138,13 +141,17 @@ def _fill(template: str, match: re.Match) -> str:
     return template.format(**fields)
 
 
-def infer_paca_config(state: StateDict) -> dict:
-    """``PaCaViT`` kwargs reproducing a converted (un-prefixed) state dict.
+def infer_paca_config(converted: StateDict) -> dict:
+    """``PaCaViT`` kwargs reproducing converted weights (``backbone.*``
+    keys, as :func:`convert_paca_official` gives them).
 
     The arch is given by name when it is one of the zoo's, else as a dict.
     Head counts are not recorded in weights; every official model uses
     (2, 4, 8, 16), which is assumed.
     """
+    state = {k[len('backbone.'):]: v for k, v in converted.items()
+             if k.startswith('backbone.')}
+
     def count(pattern):
         found = {}
         for key in state:
@@ -254,9 +261,7 @@ def convert_paca_checkpoint(checkpoint: Mapping, source: str
             'official backbone keys (patch_embed.*, stage{i}.*, norm{i}.*, '
             'transition{i}.*, paca_teacher.*) and, for a classifier, '
             'head.weight / head.bias')
-    out = OrderedDict()
-    for key, value in converted.items():
-        out[key if key.startswith('head.fc.') else f'backbone.{key}'] = value
+    out = OrderedDict(converted)
     out.update(kept)
     prefix = '' if layout == TIMM else 'backbone.'
     dropped = sum(1 for k in state if k.startswith(prefix)

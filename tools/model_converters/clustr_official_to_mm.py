@@ -36,7 +36,7 @@ def main():
     from clustr_mm.models.backbones.clustr import ClusTR
     from clustr_mm.checkpoints import (compare_state_dicts,
                                        convert_clustr_official,
-                                       infer_clustr_arch,
+                                       infer_clustr_config,
                                        paca_official_layout, read_checkpoint)
 
     try:  # weights-only: a downloaded checkpoint must not run code
@@ -63,7 +63,7 @@ def main():
         sys.exit(f'error: no official ClusTR keys in {args.src}: expected '
                  'patch_embed1.*, block1.0.*, norm1.*, head.*; found '
                  f'{list(official)[:5]}')
-    arch = args.arch or infer_clustr_arch(converted)
+    arch = args.arch or infer_clustr_config(converted)['arch']
 
     backbone = ClusTR(arch)
     expected = {f'backbone.{k}': v for k, v in backbone.state_dict().items()}

@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     state = checkpoint['state_dict']
     backbone = {k[len('backbone.'):]: v for k, v in state.items()
                 if k.startswith('backbone.')}
-    config = infer_paca_config(backbone)
+    config = infer_paca_config(state)
     if args.num_heads:
         config['arch']['num_heads'] = args.num_heads
     model = PaCaViT(**config)

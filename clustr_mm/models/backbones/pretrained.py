@@ -34,6 +34,31 @@ def _examples(keys, n: int = 3) -> str:
     return ' (' + ', '.join(keys[:n]) + more + ')'
 
 
+def state_dict_key(checkpoint: Mapping) -> Optional[str]:
+    """``'state_dict'`` or ``'model'``, whichever wraps the weights (the
+    former if both do: MMEngine's convention), or None for a bare state
+    dict. The one place that decides it; ``checkpoints`` reads it too."""
+    for key in ('state_dict', 'model'):
+        if key in checkpoint and isinstance(checkpoint[key], Mapping):
+            return key
+    return None
+
+
+def unwrap_state_dict(checkpoint: Mapping) -> Mapping[str, torch.Tensor]:
+    """The state dict inside ``{'state_dict': ...}`` / ``{'model': ...}``
+    (see :func:`state_dict_key`)."""
+    key = state_dict_key(checkpoint)
+    return checkpoint if key is None else checkpoint[key]
+
+
+def strip_module_prefix(state: Mapping[str, torch.Tensor]
+                        ) -> Mapping[str, torch.Tensor]:
+    """Drop the ``module.`` prefix of a DataParallel / DDP state dict."""
+    if state and all(k.startswith('module.') for k in state):
+        return {k[len('module.'):]: v for k, v in state.items()}
+    return state
+
+
 def _default_reinit(module: nn.Module) -> None:
     module.reset_parameters()
 
@@ -149,13 +174,7 @@ def _read_state(filename: str, map_location) -> StateDict:
     if not isinstance(checkpoint, Mapping):
         raise TypeError(f'{filename} holds a {type(checkpoint).__name__}, '
                         'expected a state dict')
-    for key in ('state_dict', 'model'):
-        if isinstance(checkpoint.get(key), Mapping):
-            checkpoint = checkpoint[key]
-            break
-    if checkpoint and all(k.startswith('module.') for k in checkpoint):
-        checkpoint = {k[len('module.'):]: v for k, v in checkpoint.items()}
-    return checkpoint
+    return strip_module_prefix(unwrap_state_dict(checkpoint))
 
 
 def init_backbone_weights(backbone, official_init: Callable[[nn.Module], None]

@@ -1,0 +1,60 @@
+"""One converter protocol for every checkpoint layout clustr_mm converts:
+detect the layout, convert the keys (backbone under ``backbone.``, for both
+backbones), infer the backbone's config."""
+import pytest
+import torch
+from mmengine.registry import MODELS
+
+import clustr_mm  # noqa: F401
+from clustr_mm.checkpoints import CONVERTERS, find_converter
+from test_clustr import to_official as clustr_official_keys
+from test_paca import build as build_paca
+from test_paca import to_official as paca_official_keys
+from test_stage import legacy_clustr_state
+
+pytestmark = pytest.mark.torch21
+
+
+def _backbones():
+    torch.manual_seed(0)
+    clustr = MODELS.build(dict(type='ClusTR', arch='tiny'))
+    return clustr, build_paca('conv', init=False)
+
+
+def test_each_layout_is_detected_converted_and_inferred():
+    clustr, paca = _backbones()
+    sources = [
+        (clustr, clustr_official_keys(clustr.state_dict()),
+         'official ClusTR classifier', dict(arch='tiny')),
+        (paca, paca_official_keys(paca.state_dict(), 'conv'),
+         'timm ImageNet classifier', None),
+        (clustr, {f'backbone.{k}': v for k, v in
+                  legacy_clustr_state(clustr).items()},
+         'earlier clustr_mm ClusTR layout', dict(arch='tiny')),
+    ]
+    for (model, state, layout, config), converter in zip(sources,
+                                                         CONVERTERS):
+        found, named = find_converter(state)
+        assert (found, named) == (converter, layout)
+        assert found.backbone == type(model).__name__
+        converted, unmatched = found.convert(state)
+        assert unmatched == []
+        expected = {f'backbone.{k}': v for k, v in model.state_dict().items()}
+        assert converted.keys() == expected.keys(), layout
+        assert all(torch.equal(converted[k], v.reshape(converted[k].shape))
+                   for k, v in expected.items())
+        inferred = found.infer_config(converted)
+        if config is not None:
+            assert inferred == config
+        else:  # PaCa: a dict arch (the test's small one) and its settings
+            rebuilt = MODELS.build(dict(type=found.backbone, **inferred))
+            assert rebuilt.state_dict().keys() == model.state_dict().keys()
+
+
+def test_todays_keys_need_no_converter():
+    clustr, paca = _backbones()
+    for model in (clustr, paca):
+        state = model.state_dict()
+        assert find_converter(state) is None
+        assert find_converter({f'backbone.{k}': v
+                               for k, v in state.items()}) is None
