@@ -232,7 +232,6 @@ class AvgGridPool(TokenReducer):
         z = F.avg_pool2d(tokens_to_map(x, hw), r, r, ceil_mode=True)
         z = z.flatten(2).transpose(1, 2)
         ids = [_cell_ids(hw, r, x.device).expand(x.shape[0], -1)]
-        self._keep(ids)
         return Reduction([z], ids)
 
     def extra_repr(self) -> str:
