@@ -40,7 +40,6 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from ..graph_safety import is_onnx_export
 from . import blocked
 from .common import FUSED_PLAN, ClusteringPlan, Padding, Windows
 from .reference import (augment, centers_by_score, check_precision, density,
@@ -372,12 +371,9 @@ if HAS_CUSTOM_OP:
 def why_not(device: Optional[torch.device]) -> Optional[str]:
     """Why the dispatch does not choose this backend on ``device`` (None:
     it does)."""
-    if is_onnx_export():
-        return ('torch.onnx.export is running: the exporters take the '
-                "reference's operations")
-    if torch.jit.is_tracing():
-        return ('torch.jit.trace is recording: the trace records the '
-                "reference's GEMMs")
+    reason = blocked.why_not(device)  # export or trace: the reference's
+    if reason is not None:
+        return reason
     if device is None or device.type != 'cuda':
         kind = 'cpu' if device is None else device.type
         return f'tensors on {kind}: the kernels run on CUDA'
