@@ -139,14 +139,16 @@ def load_tool(name, folder='analysis'):
     return module
 
 
-def learning_result(config, metric, min_gain, work_dir):
-    """``learning_check.py``'s result (start/end metric) for ``config``,
-    seeded: the shipped configs draw a seed per run, and a check of learning
-    must not depend on the draw."""
+def learning_result(config, metric, min_gain, work_dir, options=()):
+    """``learning_check.py``'s result (start/end metric, and all metrics in
+    ``start_metrics``/``end_metrics``) for ``config``, seeded: the shipped
+    configs draw a seed per run, and a check of learning must not depend on
+    the draw. ``options``: further ``--cfg-options``."""
     out = run_tool(['tools/analysis/learning_check.py', config,
                     '--metric', metric, '--min-gain', str(min_gain),
                     '--work-dir', str(work_dir),
-                    '--cfg-options', 'randomness.seed=0'], check=False).stdout
+                    '--cfg-options', 'randomness.seed=0', *options],
+                   check=False).stdout
     line = [ln for ln in out.splitlines() if ln.startswith('[learning] ')]
     assert line, out[-3000:]
     return json.loads(line[-1][len('[learning] '):])

@@ -19,6 +19,12 @@ from clustr_mm.engine.launch import (  # noqa: E402
     add_common_args, build_runner, load_config)
 
 
+def _numbers(metrics):
+    """The numeric entries of a metrics dict, as JSON-ready floats."""
+    return {k: float(v) for k, v in metrics.items()
+            if isinstance(v, (int, float)) or hasattr(v, '__float__')}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(parser)
@@ -39,7 +45,9 @@ def main(argv=None):
         raise KeyError(f'metric {args.metric!r} not computed; got {sorted(end)}')
     gain = end[args.metric] - start[args.metric]
     summary = dict(config=args.config, metric=args.metric,
-                   start=start[args.metric], end=end[args.metric], gain=gain)
+                   start=start[args.metric], end=end[args.metric], gain=gain,
+                   # every metric of both evaluations (e.g. segm beside bbox)
+                   start_metrics=_numbers(start), end_metrics=_numbers(end))
     print('[learning] ' + json.dumps(summary))
     return 0 if gain >= args.min_gain and gain > 0 else 1
 
