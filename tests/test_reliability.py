@@ -51,7 +51,10 @@ BF16_REL_TOL = 3e-2  # measured 0.4-1.1 % per stage (2026-11-26, torch 2.14.1)
 # these two images (2026-11-26, torch 2.14.1); bounds allow ~2.5x the
 # measured disagreement.
 BF16_MIN_AGREEMENT = {'clustr-exact': 0.90, 'clustr-window': 0.98}
-SOAK_MAX_GROWTH_MIB = 25.0
+# The test's own command (60 iterations, batch 4, one thread) measured
+# growths of -1.0, +2.1 and 0.0 MiB in three runs (2026-11-26, 2-core CPU
+# under load, torch 2.14.1); the bound allows ~3x the largest.
+SOAK_MAX_GROWTH_MIB = 6.0
 DIST_LOSS_TOL = 1e-5
 DIST_WEIGHT_TOL = 1e-3
 DIST_WEIGHT_REL_TOL = 1e-4
