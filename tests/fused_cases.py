@@ -68,11 +68,12 @@ def windows(hw, window_size, sr_ratio, channels, batch, device='cpu',
     """Random-normal fp32 windows of a grid as the clustering sees them
     under the fused plan (border windows padded into one group):
     (x (G, n, C) zero at padding, counts, Windows)."""
-    from clustr_mm.models.layers.dpc_knn import FUSED_PLAN, WindowLayout
+    from clustr_mm.models.layers.dpc_knn import (FUSED_PLAN, WindowLayout,
+                                                 batch_consts)
     layout = WindowLayout(hw, window_size, sr_ratio, device=device,
                           plan=FUSED_PLAN)
     (group, ) = layout.groups
-    consts = layout.batch_consts(batch, channels).groups[0].windows
+    consts = batch_consts(layout, batch, channels).groups[0].windows
     gen = torch.Generator().manual_seed(seed)
     g = batch * group.grid[0] * group.grid[1]
     n = group.window[0] * group.window[1]

@@ -15,6 +15,7 @@ from clustr_mm.models.layers import ConvFFN
 from clustr_mm.models.layers.cluster_attention import ClusterAttention
 from clustr_mm.models.layers.dpc_knn import (ACCELERATOR_PLAN, CPU_PLAN,
                                              DPCKNN, ClusterIds, WindowLayout,
+                                             batch_consts,
                                              assign_clusters, merge_clusters)
 from clustr_mm.models.layers.dpc_knn import blocked
 from clustr_mm.models.layers.dpc_knn.blocked import k_smallest
@@ -167,7 +168,9 @@ def test_merge_is_weighted_mean():
     # one scale of 4 clusters on 10 tokens (2 * max(1, 10 // 2**2))
     layout = WindowLayout((2, 5), None, 2, (2, ), plan=CPU_PLAN)
     assert layout.totals == [4]
-    (out, ) = merge_clusters(x, w, ClusterIds([ids], ids[None]), layout)
+    (out, ) = merge_clusters(
+        x, w, ClusterIds([ids], ids[None], batch_consts(layout, 2, 3)),
+        layout)
     for b in range(2):
         for m in range(4):
             member = ids[b] == m

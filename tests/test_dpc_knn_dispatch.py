@@ -10,7 +10,8 @@ import clustr_mm  # noqa: F401
 from clustr_mm.models.layers.dpc_knn import (ACCELERATOR_PLAN, CPU_PLAN,
                                              DPCKNN, FUSED_PLAN, TRACE_PLAN,
                                              WindowLayout, assign_clusters,
-                                             choose_backend, dispatch)
+                                             choose_backend, default_plan,
+                                             dispatch)
 
 pytestmark = pytest.mark.torch21
 
@@ -86,11 +87,11 @@ def test_backends_share_one_interface_and_give_the_same_ids():
     assert len(signatures) == 1, signatures
     for b in dispatch.BACKENDS:
         assert inspect.signature(b.why_not).parameters.keys() == {'device'}
-        assert b.plan_for(CPU).kernel == b.NAME
+        assert default_plan(b.NAME, CPU).kernel == b.NAME
     torch.manual_seed(0)
     x = torch.randn(2, 11 * 13, 6)
-    ids = [assign_clusters(x, WindowLayout((11, 13), 5, 2, plan=b.plan_for(
-        CPU)._replace(max_chunk_elems=64))).scales
+    ids = [assign_clusters(x, WindowLayout((11, 13), 5, 2, plan=default_plan(
+        b.NAME, CPU)._replace(max_chunk_elems=64))).scales
            for b in dispatch.BACKENDS]
     for other in ids[1:]:
         assert all(torch.equal(a, b) for a, b in zip(ids[0], other))

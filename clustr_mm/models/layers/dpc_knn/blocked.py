@@ -17,8 +17,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..graph_safety import is_onnx_export, is_tracing
-from .common import (ACCELERATOR_PLAN, CPU_PLAN, ClusteringPlan, Windows,
-                     join)
+from .common import ClusteringPlan, Windows, join
 from .reference import (augment, centers_by_score, density, first_duplicate,
                         gather_columns, nearest_center, record)
 
@@ -82,14 +81,6 @@ def why_not(device: Optional[torch.device]) -> Optional[str]:
         return ('torch.jit.trace is recording: the trace records the '
                 "reference's GEMMs")
     return None
-
-
-def plan_for(device: Optional[torch.device]) -> ClusteringPlan:
-    """The CPU plan (small blocks, one call per window shape, the blocked
-    kNN) on the CPU; the accelerator plan (large blocks, padded windows)
-    elsewhere (see :mod:`.common`)."""
-    return CPU_PLAN if device is None or device.type == 'cpu' else (
-        ACCELERATOR_PLAN)
 
 
 def run(x: torch.Tensor, counts: Sequence[int], k: int, windows: Windows,

@@ -2,14 +2,16 @@
 layout of a token grid and the typed constants the backends read.
 
 Nothing here reads token values: a :class:`WindowLayout` is built once per
-grid size (by the reducer), its :class:`BatchConsts` once per batch size.
+grid size (by the reducer), its :class:`BatchConsts` once per batch size (by
+the dispatch, :func:`~.dispatch.batch_consts`). :func:`default_plan` is the
+plan each backend runs with on a device.
 """
 from dataclasses import dataclass
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from ..graph_safety import is_tracing
+from ..graph_safety import is_onnx_export
 
 # ClusTR's two nested scales: m = n // sr^2 clusters per window of n tokens,
 # then 4 m (the paper's N / sr^2 and 4 N / sr^2).
@@ -55,6 +57,23 @@ TRACE_PLAN = ClusteringPlan(1 << 28, False, False, 'reference')
 EXPORT_PLAN = ClusteringPlan(1 << 28, True, False, 'reference')
 
 
+def default_plan(kernel: str, device: Optional[torch.device]) -> ClusteringPlan:
+    """The plan backend ``kernel`` runs with on ``device`` (None: the CPU)
+    when no plan is given: fused, :data:`FUSED_PLAN`; blocked,
+    :data:`CPU_PLAN` on the CPU and :data:`ACCELERATOR_PLAN` elsewhere;
+    reference, :data:`EXPORT_PLAN` in an ONNX export, else
+    :data:`TRACE_PLAN`."""
+    if kernel == 'fused':
+        return FUSED_PLAN
+    if kernel == 'reference':
+        return EXPORT_PLAN if is_onnx_export() else TRACE_PLAN
+    if kernel == 'blocked':
+        cpu = device is None or device.type == 'cpu'
+        return CPU_PLAN if cpu else ACCELERATOR_PLAN
+    raise ValueError(f"kernel must be 'fused', 'blocked' or 'reference', "
+                     f'got {kernel!r}')
+
+
 @dataclass(frozen=True)
 class Padding:
     """The padding of G windows brought to one shape (border windows).
@@ -94,18 +113,6 @@ class Windows:
         """(G, 1) kNN-mean rescale of short windows, or None."""
         return None if self.padding is None else self.padding.knn_scale
 
-    def cut(self, sl: slice) -> 'Windows':
-        """The windows ``sl`` of these (one block of them)."""
-        if sl == slice(0, None):
-            return self
-        padding = self.padding
-        if padding is not None:
-            padding = Padding(padding.invalid[sl], None if padding.knn_scale
-                              is None else padding.knn_scale[sl])
-        return Windows(self.ones[sl], self.positions, self.inf, padding,
-                       None if self.center_slots is None else
-                       self.center_slots[:, sl])
-
 
 @dataclass(frozen=True)
 class GroupConsts:
@@ -133,10 +140,13 @@ class ClusterIds(NamedTuple):
     window by window (row-major), by center score inside a window;
     ``arange(N)`` for identity scales. ``clustered``: the clustered scales'
     ids stacked (S', B, N) (what the merge scatters with), None when no
-    scale is clustered.
+    scale is clustered. ``consts``: the layout's :class:`BatchConsts` the
+    ids were assigned with (the merge's rows), None when no scale is
+    clustered.
     """
     scales: List[torch.Tensor]
     clustered: Optional[torch.Tensor]
+    consts: Optional[BatchConsts] = None
 
 
 class WindowGroup(NamedTuple):
@@ -266,78 +276,6 @@ class WindowLayout:
             base += len(grp.index) * sh * sw
         self.token_pos = None if gh * gw == 1 else slot.flatten()
         self.token_ids = torch.arange(h * w, device=device)
-        self._batches: Dict[Tuple[int, int], BatchConsts] = {}
-
-    def identity_ids(self, batch: int) -> ClusterIds:
-        """The ids of scales that are not clustered (every token its own
-        cluster), for every scale: what an empty batch gets."""
-        return ClusterIds([self.token_ids.expand(batch, -1)] *
-                          len(self.identity), None)
-
-    def batch_consts(self, batch: int, channels: int) -> BatchConsts:
-        """Constants for ``batch`` images of ``channels``, for the
-        :attr:`clustered` scales (kept, except while tracing)."""
-        key = (batch, channels)
-        # a traced (symbolic) batch size is neither kept nor hashable
-        if not is_tracing() and key in self._batches:
-            return self._batches[key]
-        dev = self.device
-        inf = torch.tensor(float('inf'), device=dev)
-        groups = tuple(self._group_consts(grp, batch, inf)
-                       for grp in self.groups)
-        totals = [self.totals[s] for s in self.clustered]
-        consts = BatchConsts(
-            groups, merge_rows(batch, totals, dev),
-            torch.zeros(batch * sum(totals), channels + 1, device=dev))
-        if not is_tracing():
-            self._batches[key] = consts
-        return consts
-
-    def _group_consts(self, grp: WindowGroup, batch: int,
-                      inf: torch.Tensor) -> GroupConsts:
-        (sh, sw), (gh, gw) = grp.window, grp.grid
-        (r0, r1), (c0, c1) = grp.rows, grp.cols
-        todo = self.clustered
-        dev, n = self.device, sh * sw
-        positions = torch.arange(n, device=dev)
-        padding = center_slots = None
-        if any(grp.pad):
-            r = torch.arange(gh, device=dev)[:, None] * sh + torch.arange(
-                sh, device=dev)
-            c = torch.arange(gw, device=dev)[:, None] * sw + torch.arange(
-                sw, device=dev)
-            invalid = ~((r < r1 - r0)[:, None, :, None] &
-                        (c < c1 - c0)[None, :, None, :])
-            invalid = invalid.reshape(gh * gw, n).repeat(batch, 1)
-            tokens = [self.tokens[i] for i in grp.index]
-            k_eff = min(self.k, n)
-            knn_scale = None
-            if min(tokens) < k_eff:
-                knn_scale = torch.tensor(
-                    [k_eff / min(k_eff, t) for t in tokens],
-                    device=dev).repeat(batch)[:, None]
-            padding = Padding(invalid, knn_scale)
-        counts = [[self.counts[s][i] for i in grp.index] for s in todo]
-        if len(counts) > 1 or len(set(counts[0])) > 1:
-            num = max(max(c) for c in counts)
-            cnt = torch.tensor(counts, device=dev)  # (S, windows)
-            center_slots = (positions[:num] < cnt[..., None]).repeat(
-                1, batch, 1)
-        offsets = self.offsets[list(todo)][:, grp.index][:, None, :, None]
-        windows = Windows(torch.ones(batch * gh * gw, n, 1, device=dev),
-                          positions, inf, padding, center_slots)
-        return GroupConsts(windows, offsets)
-
-
-def merge_rows(batch: int, totals: Sequence[int],
-               device: Optional[torch.device] = None) -> torch.Tensor:
-    """(S, B, 1) row of cluster 0 of image b in scale s of the merge's
-    sums: earlier scales' rows + b * totals[s], so one scatter fills every
-    scale."""
-    # batch * (earlier totals) as a product of tensors, not a list of ints:
-    # under a trace ``batch`` is traced, so an exported graph takes its
-    # batch from the input instead of keeping the example's
-    earlier = [sum(totals[:t]) for t in range(len(totals))]
-    return (torch.tensor(earlier, device=device)[:, None] * batch +
-            torch.tensor(totals, device=device)[:, None] *
-            torch.arange(batch, device=device))[..., None]
+        # per (batch, channels): the BatchConsts the dispatch makes
+        # (dispatch.batch_consts), kept with the layout they belong to
+        self.batches: Dict[Tuple[int, int], BatchConsts] = {}

@@ -1,10 +1,10 @@
 """Which backend clusters, and the call that runs it over a layout's windows.
 
 The backends, fastest first (:data:`BACKENDS`), each a module with the same
-four names: ``NAME``; ``why_not(device)``, None where the dispatch may
-choose it by itself, else the reason it may not; ``plan_for(device)``, its
-:class:`~.common.ClusteringPlan` there; and ``run(x, counts, k, windows,
-plan)``, the (S, G, n) ids of G windows.
+three names: ``NAME``; ``why_not(device)``, None where the dispatch may
+choose it by itself, else the reason it may not; and ``run(x, counts, k,
+windows, plan)``, the (S, G, n) ids of G windows. The plan each runs with
+on a device is :func:`~.common.default_plan`.
 
 * :mod:`.fused`: Triton kernels in one custom op (CUDA with Triton);
 * :mod:`.blocked`: bounded distance blocks (CPUs, GPUs without Triton);
@@ -16,17 +16,20 @@ in that order and takes the first that may run, or the one a given plan
 names, and keeps why each one before it was not taken
 (:attr:`Choice.not_taken`, also logged at DEBUG level on the logger of this
 module). :func:`assign_clusters` cuts a batch into the layout's windows and
-hands each group of same-shaped windows to the chosen backend.
+hands each group of same-shaped windows to the chosen backend, with the
+constants of that batch size (:func:`batch_consts`, made once per size).
 """
 import logging
-from typing import NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from ..graph_safety import is_compiling, is_onnx_export
+from ..graph_safety import is_compiling, is_onnx_export, is_tracing
 from . import blocked, first_use, fused, reference
-from .common import ClusteringPlan, ClusterIds, WindowLayout, join
+from .common import (BatchConsts, ClusteringPlan, ClusterIds, GroupConsts,
+                     Padding, WindowGroup, WindowLayout, Windows,
+                     default_plan, join)
 
 BACKENDS = (fused, blocked, reference)
 logger = logging.getLogger(__name__)
@@ -56,7 +59,8 @@ def choose_backend(device: Optional[torch.device],
         else:
             reason = backend.why_not(device)
         if reason is None:
-            choice = Choice(backend.NAME, plan or backend.plan_for(device),
+            choice = Choice(backend.NAME,
+                            plan or default_plan(backend.NAME, device),
                             tuple(not_taken))
             if not is_compiling():
                 logger.debug('DPC-kNN on %s: %s backend; %s', device,
@@ -94,8 +98,9 @@ def assign_clusters(x: torch.Tensor, layout: WindowLayout) -> ClusterIds:
     """
     b, n_tok, c = x.shape
     todo = layout.clustered
+    identity = [layout.token_ids.expand(b, -1)] * len(layout.identity)
     if not todo or not b:  # (sizes, not data: no sync)
-        return layout.identity_ids(b)
+        return ClusterIds(identity, None)
     h, w = layout.hw
     plan = layout.plan
     backend = _RUN[plan.kernel]
@@ -103,7 +108,7 @@ def assign_clusters(x: torch.Tensor, layout: WindowLayout) -> ClusterIds:
     # first use on a device (first_use)
     run = first_use.run_checked if backend is fused else backend.run
     budget = plan.max_chunk_elems
-    consts = layout.batch_consts(b, c)
+    consts = batch_consts(layout, b, c)
     with torch.autocast(x.device.type, enabled=False):
         grid = x.detach().float().reshape(b, h, w, c)
         outs = []
@@ -133,7 +138,7 @@ def assign_clusters(x: torch.Tensor, layout: WindowLayout) -> ClusterIds:
                 sl = (slice(0, None) if per_call >= win.shape[0] else
                       slice(g0, g0 + per_call))
                 parts.append(run(win[sl], counts, layout.k,
-                                 group.windows.cut(sl), plan))
+                                 cut(group.windows, sl), plan))
             local = join(parts, 1)
             if layout.token_pos is None:
                 stacked = local.view(len(todo), b, n_tok)
@@ -142,7 +147,94 @@ def assign_clusters(x: torch.Tensor, layout: WindowLayout) -> ClusterIds:
                          group.offsets).flatten(2))
         else:
             stacked = join(outs, 2).index_select(2, layout.token_pos)
-    ids = [layout.token_ids.expand(b, -1)] * len(layout.identity)
     for i, s in enumerate(todo):
-        ids[s] = stacked[i]
-    return ClusterIds(ids, stacked)
+        identity[s] = stacked[i]
+    return ClusterIds(identity, stacked, consts)
+
+
+def cut(windows: Windows, sl: slice) -> Windows:
+    """The windows ``sl`` of ``windows`` (one block of them)."""
+    if sl == slice(0, None):
+        return windows
+    padding = windows.padding
+    if padding is not None:
+        padding = Padding(padding.invalid[sl], None if padding.knn_scale
+                          is None else padding.knn_scale[sl])
+    return Windows(windows.ones[sl], windows.positions, windows.inf, padding,
+                   None if windows.center_slots is None else
+                   windows.center_slots[:, sl])
+
+
+def batch_consts(layout: WindowLayout, batch: int,
+                 channels: int) -> BatchConsts:
+    """What the backends and the merge read besides the tokens, for
+    ``batch`` images of ``channels`` under ``layout`` (its
+    :attr:`~.common.WindowLayout.clustered` scales); kept in
+    ``layout.batches``, except while tracing."""
+    key = (batch, channels)
+    # a traced (symbolic) batch size is neither kept nor hashable
+    if not is_tracing() and key in layout.batches:
+        return layout.batches[key]
+    dev = layout.device
+    inf = torch.tensor(float('inf'), device=dev)
+    groups = tuple(_group_consts(layout, grp, batch, inf)
+                   for grp in layout.groups)
+    totals = [layout.totals[s] for s in layout.clustered]
+    consts = BatchConsts(
+        groups, merge_rows(batch, totals, dev),
+        torch.zeros(batch * sum(totals), channels + 1, device=dev))
+    if not is_tracing():
+        layout.batches[key] = consts
+    return consts
+
+
+def _group_consts(layout: WindowLayout, grp: WindowGroup, batch: int,
+                  inf: torch.Tensor) -> GroupConsts:
+    """One window group's :class:`~.common.Windows` (padding masks, center
+    slots) and cluster offsets for ``batch`` images."""
+    (sh, sw), (gh, gw) = grp.window, grp.grid
+    (r0, r1), (c0, c1) = grp.rows, grp.cols
+    todo = layout.clustered
+    dev, n = layout.device, sh * sw
+    positions = torch.arange(n, device=dev)
+    padding = center_slots = None
+    if any(grp.pad):
+        r = torch.arange(gh, device=dev)[:, None] * sh + torch.arange(
+            sh, device=dev)
+        c = torch.arange(gw, device=dev)[:, None] * sw + torch.arange(
+            sw, device=dev)
+        invalid = ~((r < r1 - r0)[:, None, :, None] &
+                    (c < c1 - c0)[None, :, None, :])
+        invalid = invalid.reshape(gh * gw, n).repeat(batch, 1)
+        tokens = [layout.tokens[i] for i in grp.index]
+        k_eff = min(layout.k, n)
+        knn_scale = None
+        if min(tokens) < k_eff:
+            knn_scale = torch.tensor(
+                [k_eff / min(k_eff, t) for t in tokens],
+                device=dev).repeat(batch)[:, None]
+        padding = Padding(invalid, knn_scale)
+    counts = [[layout.counts[s][i] for i in grp.index] for s in todo]
+    if len(counts) > 1 or len(set(counts[0])) > 1:
+        num = max(max(c) for c in counts)
+        cnt = torch.tensor(counts, device=dev)  # (S, windows)
+        center_slots = (positions[:num] < cnt[..., None]).repeat(
+            1, batch, 1)
+    offsets = layout.offsets[list(todo)][:, grp.index][:, None, :, None]
+    windows = Windows(torch.ones(batch * gh * gw, n, 1, device=dev),
+                      positions, inf, padding, center_slots)
+    return GroupConsts(windows, offsets)
+
+
+def merge_rows(batch: int, totals: Sequence[int],
+               device: Optional[torch.device] = None) -> torch.Tensor:
+    """(S, B, 1) row of cluster 0 of image b in scale s of the merge's
+    sums: earlier scales' rows + b * totals[s], so one scatter fills every
+    scale."""
+    # batch * (earlier totals) as a product of tensors, not a list of ints:
+    # under a trace ``batch`` is traced, so an exported graph takes its
+    # batch from the input instead of keeping the example's
+    earlier = [sum(totals[:t]) for t in range(len(totals))]
+    return (torch.tensor(earlier, device=device)[:, None] * batch +
+            torch.tensor(totals, device=device)[:, None] *
+            torch.arange(batch, device=device))[..., None]

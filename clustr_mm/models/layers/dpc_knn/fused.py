@@ -386,11 +386,6 @@ def why_not(device: Optional[torch.device]) -> Optional[str]:
     return None
 
 
-def plan_for(device: Optional[torch.device]) -> ClusteringPlan:
-    """One op per window group, border windows padded."""
-    return FUSED_PLAN
-
-
 def run(x: torch.Tensor, counts: Sequence[int], k: int, windows: Windows,
         plan: ClusteringPlan) -> torch.Tensor:
     """The backend call (see :mod:`.dispatch`): :func:`dpc_knn_fused` in

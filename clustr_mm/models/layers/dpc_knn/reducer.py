@@ -77,7 +77,7 @@ def merge_clusters(x: torch.Tensor, w: torch.Tensor, ids: ClusterIds,
         # weighted tokens themselves, normalised along with the rest.
         sums, sizes = [], []
         if ids.clustered is not None:
-            consts = layout.batch_consts(b, c)
+            consts = ids.consts
             src = weighted
             if len(todo) > 1:
                 src = src.expand(len(todo), *weighted.shape)

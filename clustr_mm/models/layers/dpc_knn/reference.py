@@ -27,8 +27,7 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
-from ..graph_safety import is_onnx_export
-from .common import EXPORT_PLAN, TRACE_PLAN, ClusteringPlan, Windows
+from .common import ClusteringPlan, Windows
 
 NAME = 'reference'
 
@@ -292,12 +291,6 @@ def dpc_knn_reference(x: torch.Tensor, counts: Sequence[int], k: int,
 def why_not(device: Optional[torch.device]) -> Optional[str]:
     """None: the reference runs everywhere (the last backend tried)."""
     return None
-
-
-def plan_for(device: Optional[torch.device]) -> ClusteringPlan:
-    """Whole, unpadded windows: the algorithm's GEMMs and nothing else; in
-    an ONNX export border windows padded (fewer ops in the graph)."""
-    return EXPORT_PLAN if is_onnx_export() else TRACE_PLAN
 
 
 def run(x: torch.Tensor, counts: Sequence[int], k: int, windows: Windows,
