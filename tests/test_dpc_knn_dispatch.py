@@ -10,8 +10,8 @@ import clustr_mm  # noqa: F401
 from clustr_mm.models.layers.dpc_knn import (ACCELERATOR_PLAN, CPU_PLAN,
                                              DPCKNN, FUSED_PLAN, TRACE_PLAN,
                                              WindowLayout, assign_clusters,
-                                             choose_backend, default_plan,
-                                             dispatch)
+                                             batch_consts, choose_backend,
+                                             default_plan, dispatch)
 
 pytestmark = pytest.mark.torch21
 
@@ -65,6 +65,28 @@ def test_a_plan_names_its_backend():
     with pytest.raises(ValueError, match=r"plan.kernel must be one of "
                        r"\['fused', 'blocked', 'reference'\], got 'cuda'"):
         choose_backend(CPU, CPU_PLAN._replace(kernel='cuda'))
+
+
+def test_default_plans_and_an_unknown_kernel():
+    cuda = torch.device('cuda')
+    assert default_plan('fused', cuda) is FUSED_PLAN
+    assert default_plan('blocked', CPU) is CPU_PLAN
+    assert default_plan('blocked', None) is CPU_PLAN
+    assert default_plan('blocked', cuda) is ACCELERATOR_PLAN
+    assert default_plan('reference', cuda) is TRACE_PLAN
+    with pytest.raises(ValueError, match="kernel must be 'fused', 'blocked' "
+                       "or 'reference', got 'cuda'"):
+        default_plan('cuda', cuda)
+
+
+def test_batch_constants_made_once_per_batch_size_and_given_to_the_merge():
+    layout = WindowLayout((11, 13), 5, 2, plan=CPU_PLAN)
+    x = torch.randn(2, 11 * 13, 6)
+    ids = assign_clusters(x, layout)
+    assert ids.consts is batch_consts(layout, 2, 6)  # kept, not remade
+    assert set(layout.batches) == {(2, 6)}
+    assert assign_clusters(x[:1], layout).consts is not ids.consts
+    assert set(layout.batches) == {(2, 6), (1, 6)}
 
 
 def test_reducer_reports_its_choice_with_its_settings():
