@@ -122,6 +122,43 @@ def run_tool(args, timeout=600, env=None, check=True, python=True):
     return proc
 
 
+# The short tools/train.py run of each embedded config that the end-to-end
+# tests share (test_tools trains and tests it, the inferencer and fine-tune
+# tests load its checkpoint): config -> cfg-options keeping it to seconds.
+EPOCH_1 = ['train_cfg.max_epochs=1', 'train_cfg.val_interval=1']
+ITER_4 = ['train_cfg.max_iters=4', 'train_cfg.val_interval=4',
+          'default_hooks.checkpoint.interval=4']
+SHORT_RUN = {
+    'configs/clustr/clustr-t_embedded-imagenet.py': EPOCH_1,
+    'configs/paca/paca-t_embedded-imagenet.py': EPOCH_1,
+    'configs/clustr/mask-rcnn_clustr-t_fpn_embedded-coco.py': EPOCH_1,
+    'configs/paca/retinanet_paca-t_embedded-coco.py': EPOCH_1,
+    'configs/clustr/fpn_clustr-t_embedded-ade20k.py': ITER_4,
+    'configs/paca/upernet_paca-t_embedded-ade20k.py': ITER_4,
+    'configs/clustr/td-hm_clustr-t_embedded-coco-wholebody.py': EPOCH_1,
+}
+
+
+@pytest.fixture(scope='session')
+def short_run(tiny_data, tmp_path_factory):
+    """``short_run(config)``: (work dir, last checkpoint) of the
+    :data:`SHORT_RUN` training of ``config`` with tools/train.py, run on
+    first use and shared by every test of the session."""
+    runs = {}
+
+    def get(config):
+        if config not in runs:
+            work_dir = tmp_path_factory.mktemp(Path(config).stem)
+            run_tool(['tools/train.py', config, '--work-dir', str(work_dir),
+                      '--cfg-options', *SHORT_RUN[config]])
+            ckpt = (work_dir / 'last_checkpoint').read_text().strip()
+            assert Path(ckpt).is_file(), ckpt
+            runs[config] = (work_dir, ckpt)
+        return runs[config]
+
+    return get
+
+
 def logged_losses(work_dir):
     """(iter, loss) pairs of the newest run in ``work_dir`` (its scalars)."""
     runs = sorted(p for p in Path(work_dir).iterdir() if p.is_dir())

@@ -5,7 +5,7 @@ import copy
 
 import pytest
 import torch
-from conftest import ROOT, run_tool
+from conftest import ROOT
 from mmengine.config import Config
 from mmengine.runner import Runner
 
@@ -19,12 +19,10 @@ DOWNSTREAM = {
 
 
 @pytest.fixture(scope='module')
-def imagenet_checkpoint(tiny_data, tmp_path_factory):
-    work_dir = tmp_path_factory.mktemp('cls')
-    run_tool(['tools/train.py', 'configs/clustr/clustr-t_embedded-imagenet.py',
-              '--work-dir', str(work_dir), '--cfg-options',
-              'train_cfg.max_epochs=1', 'train_cfg.val_interval=10'])
-    return str(work_dir / 'epoch_1.pth')
+def imagenet_checkpoint(short_run):
+    """The session's one-epoch tools/train.py run of the embedded ClusTR-T
+    classifier (conftest.SHORT_RUN)."""
+    return short_run('configs/clustr/clustr-t_embedded-imagenet.py')[1]
 
 
 def _runner(config, init_cfg, work_dir):

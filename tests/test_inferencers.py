@@ -3,8 +3,8 @@ checkpoints written by the real ``tools/train.py`` on the embedded data (a
 step or two each: the point is the checkpoint -> inferencer path, not
 accuracy), and the libraries' own analysis tools on our configs.
 
-Each config trains once per module (``ckpt`` fixture); every test then calls
-its inferencer on a real image of the embedded data and checks the
+Each config trains once per session (conftest's ``short_run``, the runs
+test_tools also tests); every test then calls its inferencer on a real image of the embedded data and checks the
 structure and the values of what comes back.
 """
 import json
@@ -28,46 +28,15 @@ PACA_DET_CFG = 'configs/paca/retinanet_paca-t_embedded-coco.py'
 PACA_SEG_CFG = 'configs/paca/upernet_paca-t_embedded-ade20k.py'
 PACA_CLS_CFG = 'configs/paca/paca-t_embedded-imagenet.py'
 
-# cfg-options that cut each embedded run to one or a few iterations
-ONE_EPOCH = ['train_cfg.max_epochs=1']
-ONE_ITER = ['train_cfg.max_iters=1', 'default_hooks.checkpoint.interval=1']
-TWO_IMAGES = ONE_EPOCH + ['train_dataloader.dataset.indices=2']  # batch 2
-SHORT_RUN = {
-    DET_CFG: TWO_IMAGES, SEG_CFG: ONE_ITER, POSE_CFG: ONE_EPOCH,
-    CLS_CFG: ONE_EPOCH, PACA_DET_CFG: TWO_IMAGES, PACA_SEG_CFG: ONE_ITER,
-    PACA_CLS_CFG: ONE_EPOCH,
-}
-
 COCO_IMAGE = 'data/coco/val2017/000000001001.jpg'
 ADE_IMAGE = 'data/ade/ADEChallengeData2016/images/validation/ADE_val_00000001.jpg'
 IMAGENET_IMAGE = 'data/imagenet/val/ILSVRC2012_val_00000001.JPEG'
 
-# No validation loop: the checkpoint is all these runs are for.
-NO_VAL = ['val_cfg=None', 'val_dataloader=None', 'val_evaluator=None']
-
-
-def _train(config, work_dir, options):
-    """Train ``config`` briefly with tools/train.py; return the checkpoint."""
-    run_tool(['tools/train.py', config, '--work-dir', str(work_dir),
-              '--cfg-options', *NO_VAL, *options])
-    ckpt = Path((work_dir / 'last_checkpoint').read_text().strip())
-    assert ckpt.is_file(), ckpt
-    return str(ckpt)
-
-
 @pytest.fixture(scope='module')
-def ckpt(tiny_data, tmp_path_factory):
-    """``ckpt(config)``: a checkpoint of a short embedded run of ``config``,
-    trained on first use and shared by the module's tests."""
-    cache = {}
-
-    def get(config):
-        if config not in cache:
-            work_dir = tmp_path_factory.mktemp(Path(config).stem)
-            cache[config] = _train(config, work_dir, SHORT_RUN[config])
-        return cache[config]
-
-    return get
+def ckpt(short_run):
+    """``ckpt(config)``: the checkpoint of the session's short tools/train.py
+    run of ``config`` (conftest.SHORT_RUN)."""
+    return lambda config: short_run(config)[1]
 
 
 @pytest.fixture(scope='module')

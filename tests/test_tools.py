@@ -9,35 +9,36 @@ import time
 
 import pytest
 import torch
-from conftest import (ROOT, learning_result, load_tool, logged_losses,
-                      run_tool)
+from conftest import (ROOT, SHORT_RUN, learning_result, load_tool,
+                      logged_losses, run_tool)
 
 import clustr_mm  # noqa: F401  (allow-lists runner checkpoint types)
 
 PACA_CLS = 'configs/paca/paca-t_embedded-imagenet.py'
 ONE_THREAD = {'OMP_NUM_THREADS': '1'}
 
-# Every task family, each backbone at least once:
-# name -> (config, cfg-options that keep the run to seconds, metric of test.py)
-EPOCH_1 = ['train_cfg.max_epochs=1', 'train_cfg.val_interval=1']
-ITER_4 = ['train_cfg.max_iters=4', 'train_cfg.val_interval=4',
-          'default_hooks.checkpoint.interval=4']
+# Every task family, each backbone at least once: name -> (config, cfg-options
+# that keep the run to seconds (conftest.SHORT_RUN, the session's shared
+# runs), metric of test.py)
 FAMILIES = {
-    'cls-clustr': ('configs/clustr/clustr-t_embedded-imagenet.py', EPOCH_1,
-                   'accuracy/top1'),
-    'cls-paca': ('configs/paca/paca-t_embedded-imagenet.py', EPOCH_1,
-                 'accuracy/top1'),
-    'mask-rcnn-clustr': ('configs/clustr/mask-rcnn_clustr-t_fpn_embedded-coco.py',
-                         EPOCH_1, 'coco/segm_mAP'),
-    'retinanet-paca': ('configs/paca/retinanet_paca-t_embedded-coco.py',
-                       EPOCH_1, 'coco/bbox_mAP'),
-    'fpn-clustr': ('configs/clustr/fpn_clustr-t_embedded-ade20k.py', ITER_4,
-                   'mIoU'),
-    'upernet-paca': ('configs/paca/upernet_paca-t_embedded-ade20k.py', ITER_4,
-                     'mIoU'),
-    'pose-clustr': ('configs/clustr/td-hm_clustr-t_embedded-coco-wholebody.py',
-                    EPOCH_1, 'coco-wholebody/AP'),
-}
+    name: (config, SHORT_RUN[config], metric) for name, config, metric in [
+        ('cls-clustr', 'configs/clustr/clustr-t_embedded-imagenet.py',
+         'accuracy/top1'),
+        ('cls-paca', 'configs/paca/paca-t_embedded-imagenet.py',
+         'accuracy/top1'),
+        ('mask-rcnn-clustr',
+         'configs/clustr/mask-rcnn_clustr-t_fpn_embedded-coco.py',
+         'coco/segm_mAP'),
+        ('retinanet-paca', 'configs/paca/retinanet_paca-t_embedded-coco.py',
+         'coco/bbox_mAP'),
+        ('fpn-clustr', 'configs/clustr/fpn_clustr-t_embedded-ade20k.py',
+         'mIoU'),
+        ('upernet-paca', 'configs/paca/upernet_paca-t_embedded-ade20k.py',
+         'mIoU'),
+        ('pose-clustr',
+         'configs/clustr/td-hm_clustr-t_embedded-coco-wholebody.py',
+         'coco-wholebody/AP'),
+    ]}
 
 
 # The upper end of each metric: COCO-style AP is a fraction, mmpretrain's
@@ -61,12 +62,9 @@ def _metrics(output):
 # Mask R-CNN's train -> test.py run is test_detection_learns[clustr].
 @pytest.mark.parametrize('family', sorted(set(FAMILIES) - {'mask-rcnn-clustr'}))
 @pytest.mark.slow
-def test_train_then_test(family, tiny_data, tmp_path):
-    config, options, metric = FAMILIES[family]
-    work_dir = tmp_path / family
-    run_tool(['tools/train.py', config, '--work-dir', str(work_dir),
-              '--cfg-options', *options])
-    ckpt = _last_checkpoint(work_dir)
+def test_train_then_test(family, short_run):
+    config, _, metric = FAMILIES[family]
+    work_dir, ckpt = short_run(config)
     out = run_tool(['tools/test.py', config, ckpt, '--work-dir',
                     str(work_dir)]).stdout
     metrics = _metrics(out)
