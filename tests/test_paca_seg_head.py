@@ -390,8 +390,8 @@ def test_embedded_config_learns(tiny_data, tmp_path):
     model's. Measured with the config's warm-up (2026-11-26, 2-core CPU,
     one thread): seeds 0-5 rose from 0.0-0.5 to 25.95, 25.72, 25.89, 25.71,
     25.92, 25.56 mIoU (seed 0 with two threads, as here: 26.03); a run
-    that routes every position to one cluster (the
-    failure without the warm-up) ends at 7-10, under the bar."""
+    that predicts one class everywhere (the failure without the warm-up)
+    ends at 7-10, under the bar."""
     result = learning_result(
         'configs/paca/pacahead_paca-t_embedded-ade20k.py', 'mIoU', 15,
         tmp_path)
