@@ -185,7 +185,9 @@ def learning_result(config, metric, min_gain, work_dir, options=()):
                     '--metric', metric, '--min-gain', str(min_gain),
                     '--work-dir', str(work_dir),
                     '--cfg-options', 'randomness.seed=0', *options],
-                   check=False).stdout
+                   # a training run: give a busy CI machine room (a run
+                   # killed by the timeout would fail the test, not learn)
+                   timeout=1800, check=False).stdout
     line = [ln for ln in out.splitlines() if ln.startswith('[learning] ')]
     assert line, out[-3000:]
     return json.loads(line[-1][len('[learning] '):])
