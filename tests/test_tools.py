@@ -176,12 +176,13 @@ DETECTION = {
     'paca': 'configs/paca/mask-rcnn_paca-t_fpn_embedded-coco.py',
 }
 DETECTION_EPOCHS = 4
-# On COCO's 0-1 scale. Measured after 4 epochs, seed 0, one thread
-# (2026-11-26, docs/embedded_data.md): untrained 0.000 for both; ClusTR-T
-# bbox mAP50 0.755, segm mAP 0.452; PaCa-T 0.698, 0.493; ClusTR-T with
-# channels-last maps (tests/configs/channels_last_maps.py, the RoIAlign
-# bug) 0.007, 0.002. Bars: ~40 % of the lowest bbox mAP50, ~1/3 of the
-# lowest segm mAP (one seed per backbone measured so far).
+# On COCO's 0-1 scale. Measured after 4 epochs, one thread (2026-11-26,
+# docs/embedded_data.md): untrained 0.000 for both; bbox mAP50 / segm mAP
+# ClusTR-T seed 0 0.755 / 0.452, seed 1 0.808 / 0.524; PaCa-T seed 0
+# 0.698 / 0.493, seed 1 0.659 / 0.431; ClusTR-T with channels-last maps
+# (tests/configs/channels_last_maps.py, the RoIAlign bug) 0.007 / 0.002.
+# Bars: ~45 % of the lowest bbox mAP50, ~35 % of the lowest segm mAP (two
+# seeds per backbone measured, not three).
 DETECTION_UNTRAINED = 0.01
 DETECTION_BARS = {'coco/bbox_mAP_50': 0.3, 'coco/segm_mAP': 0.15}
 
