@@ -17,27 +17,50 @@ FP32_ONLY_CPU_OPS = (('mmcv.ops.nms', 'NMSop', 2),
                      ('mmcv.ops.roi_align', 'RoIAlignFunction', 2))
 
 
+def _reduced_on_cpu(t) -> bool:
+    return (isinstance(t, torch.Tensor) and t.device.type == 'cpu'
+            and t.dtype in (torch.bfloat16, torch.float16))
+
+
 def _fp32_on_cpu(forward, count: int):
     """``forward`` of an autograd Function, given its first ``count`` tensors
-    in fp32 when they are reduced-precision CPU tensors (an index result is
-    the same; a feature result comes back in fp32 and autograd casts its
-    gradient back to the input's dtype)."""
+    in fp32 when they are reduced-precision CPU tensors; a floating result
+    comes back in the first such tensor's dtype (what the caller allocated
+    around it, e.g. mmdet's RoI feature buffer), an index result as it is."""
     def cast_forward(ctx, *args, **kwargs):
         head = list(args[:count])
-        if any(isinstance(t, torch.Tensor) and t.device.type == 'cpu'
-               and t.dtype in (torch.bfloat16, torch.float16) for t in head):
-            head = [t.float() if isinstance(t, torch.Tensor)
-                    and t.is_floating_point() else t for t in head]
-        return forward(ctx, *head, *args[count:], **kwargs)
+        dtype = next((t.dtype for t in head if _reduced_on_cpu(t)), None)
+        ctx._clustr_mm_dtype = dtype
+        if dtype is None:
+            return forward(ctx, *args, **kwargs)
+        head = [t.float() if isinstance(t, torch.Tensor)
+                and t.is_floating_point() else t for t in head]
+        out = forward(ctx, *head, *args[count:], **kwargs)
+        if isinstance(out, torch.Tensor) and out.is_floating_point():
+            out = out.to(dtype)
+        return out
     cast_forward._clustr_mm_fp32 = True
     cast_forward.__wrapped__ = forward
     return staticmethod(cast_forward)
 
 
+def _fp32_grads_on_cpu(backward):
+    """``backward`` of such a Function, given fp32 gradients when its
+    forward ran cast (autograd casts what it returns to the inputs'
+    dtypes)."""
+    def cast_backward(ctx, *grads):
+        if getattr(ctx, '_clustr_mm_dtype', None) is not None:
+            grads = [g.float() if _reduced_on_cpu(g) else g for g in grads]
+        return backward(ctx, *grads)
+    cast_backward.__wrapped__ = backward
+    return staticmethod(cast_backward)
+
+
 def install_cpu_amp_op_casts() -> list:
     """Let mmcv's fp32-only CPU ops run under CPU bf16 autocast (Mask
     R-CNN's NMS and RoIAlign get bf16 boxes and features there): their
-    inputs are cast to fp32 first. Idempotent; ops of an mmcv that is not
+    inputs and gradients are cast to fp32 around them, features come back
+    in bf16. Idempotent; ops of an mmcv that is not
     installed (or lacks them) are skipped. Returns the ops patched now."""
     import importlib
     patched = []
@@ -50,6 +73,7 @@ def install_cpu_amp_op_casts() -> list:
         if getattr(forward, '_clustr_mm_fp32', False):
             continue
         function.forward = _fp32_on_cpu(forward, count)
+        function.backward = _fp32_grads_on_cpu(function.backward)
         patched.append(f'{module_name}.{name}')
     return patched
 
