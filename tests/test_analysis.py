@@ -1,6 +1,7 @@
 """The analysis tools: FLOP counting against hand counts, get_flops on every
 library, and cluster pictures whose colours follow the assignments."""
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -688,3 +689,68 @@ def test_precision_check_tool(tmp_path):
     bad = run_tool(['tools/analysis/precision_check.py', '--images', '0'],
                    check=False)
     assert bad.returncode != 0 and '--images' in bad.stdout
+
+
+# --------------------------------------------------------------------------
+# benchmark.py --runtime onnxruntime: the exported backbone against eager
+
+
+def test_benchmark_onnxruntime_against_eager():
+    """One (model, size) of ``--runtime onnxruntime`` in-process: eager and
+    ONNX Runtime timed on the same input, their outputs agree, the session
+    has the asked threads, and the table prints the row."""
+    tool = load_tool('benchmark')
+    threads = torch.get_num_threads()  # measure() sets it for the process
+    args = tool.parse_args(['--runtime', 'onnxruntime', '--models', 'paca-t',
+                            '--sizes', '64', '--runs', '1', '--threads',
+                            str(threads)])
+    r = tool.measure('paca-t', (64, 64), args)
+    assert len(r['latency_runs_s']) == len(r['ort_runs_s']) == 1
+    assert r['latency_s'] > 0 and r['ort_latency_s'] > 0
+    assert r['ort_vs_eager'] == pytest.approx(r['ort_latency_s'] /
+                                              r['latency_s'])
+    assert r['ort_intra_op_threads'] == threads
+    assert r['ort_inter_op_threads'] == 1
+    assert r['ort_export_s'] > 0 and r['onnx_file_mb'] > 10  # 11.8 M fp32
+    # the graph computes the backbone: round-off only (3.5e-6 measured)
+    assert r['max_abs_eager'] > 0.1
+    assert 0 <= r['ort_max_abs_diff'] <= 1e-4
+    info = tool.run_info(args, ['benchmark.py'])
+    assert info['runtime'] == 'onnxruntime'
+    assert info['onnxruntime'] and info['onnx']
+    table = tool.Table(args)
+    assert table.header().split() == ['model', 'size', 'params(M)',
+                                      'eager(ms)', 'ORT(ms)', 'ORT/eager',
+                                      'max|diff|', 'export(s)']
+    row = table.row(r).split()
+    assert row[:2] == ['paca-t', '64x64']
+    assert float(row[3]) == pytest.approx(r['latency_s'] * 1e3, abs=0.06)
+    assert float(row[4]) == pytest.approx(r['ort_latency_s'] * 1e3, abs=0.06)
+
+
+@pytest.mark.parametrize('options,message', [
+    (['--device', 'cuda'], '--runtime onnxruntime runs the CPU execution '
+     'provider only; got --device cuda'),
+    (['--train-step'], 'does not combine with --train-step'),
+    (['--compile', 'default'], 'does not combine with --compile default'),
+    (['--amp', 'bf16', '--breakdown'], 'does not combine with --amp bf16, '
+     '--breakdown'),
+    (['--census'], 'does not combine with --census'),
+    (['--plot', 'x.png'], 'does not combine with --plot'),
+])
+def test_benchmark_onnxruntime_refuses_what_it_cannot_time(options, message,
+                                                          capsys):
+    tool = load_tool('benchmark')
+    with pytest.raises(SystemExit):
+        tool.parse_args(['--runtime', 'onnxruntime', *options])
+    assert message in capsys.readouterr().err
+
+
+def test_benchmark_onnxruntime_needs_the_package(monkeypatch, capsys):
+    tool = load_tool('benchmark')
+    monkeypatch.setitem(sys.modules, 'onnxruntime', None)
+    with pytest.raises(SystemExit):
+        tool.parse_args(['--runtime', 'onnxruntime'])
+    assert ('--runtime onnxruntime needs onnxruntime, not installed: pip '
+            'install -r requirements/onnx.txt' in capsys.readouterr().err)
+    tool.parse_args([])  # eager needs no onnxruntime

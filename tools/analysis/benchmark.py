@@ -32,6 +32,12 @@ device; the GPU code path; ratios to the peers of the same run):
         --train-step --sizes 800x1344 --models clustr-s-window paca-s \
         pvtv2-b2 swin-t
 
+ONNX Runtime against eager PyTorch (CPU; both in the same child process):
+
+    python tools/analysis/benchmark.py --runtime onnxruntime \
+        --models clustr-s-exact clustr-s-window paca-s --sizes 224 512 \
+        --batch 1 --threads 2 --runs 7
+
 Every (model, size) is measured in a fresh child process, so no measurement
 is polluted by an earlier one. Peers come from the installed mmdet.
 
@@ -69,6 +75,20 @@ is polluted by an earlier one. Peers come from the installed mmdet.
   TF32 peak per fp32 product).
 - ``--precision ieee|tf32x3``: the distance products of ClusTR's fused
   clustering (the reducers' ``precision``; default ieee, exact fp32).
+- ``--runtime onnxruntime``: after the eager timing (as without it), the
+  backbone is exported with ``tools/deployment/pytorch2onnx.py``'s
+  ``export`` (TorchScript exporter, opset 17, static input shape: the
+  timed (batch, 3, H, W); ClusTR's clustering in its export formulation) to
+  a temporary file and run by its ``ort_session`` (CPU execution provider,
+  ``intra_op_num_threads`` = ``--threads``, one inter-op thread, sequential
+  execution, default graph optimisations), timed the same way (``--warmup``
+  then ``--runs`` calls of ``session.run``, median, peak RSS of the phase).
+  Per row: eager and ORT median ms, their ratio ORT / eager, the export's
+  seconds, and the largest |ORT - eager| over the outputs of the timed
+  input (a sanity check). CPU and fp32 eval only: ``--device cuda``,
+  ``--amp``, ``--compile``, ``--train-step``, ``--with-cp``, ``--flops``,
+  ``--breakdown``, ``--census``, ``--traffic`` and ``--plot`` are refused
+  with it.
 - ``--census``: no timing; ``clustr_mm.analysis.op_census`` of one eval
   forward after a warm-up one: the ops (about the kernel launches on a GPU),
   the host syncs and the most frequent ops. ClusTR's clustering runs its
@@ -93,6 +113,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -277,6 +298,62 @@ def cuda_path(model):
     use_plan(model, FUSED_PLAN)
 
 
+def export_tool():
+    """``tools/deployment/pytorch2onnx.py`` as a module: the project's one
+    export path (and its ONNX Runtime session)."""
+    from importlib.util import module_from_spec, spec_from_file_location
+    path = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))),
+                    'deployment', 'pytorch2onnx.py')
+    spec = spec_from_file_location('_benchmark_pytorch2onnx', path)
+    module = module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def time_onnxruntime(model, x, args):
+    """Export ``model`` (a backbone) at ``x``'s static shape with the
+    deployment tool, time ONNX Runtime on ``x`` as :func:`measure` times
+    eager, and compare its outputs with eager PyTorch's on ``x``."""
+    p2o = export_tool()
+    path_module = p2o.TensorPath(model, None, 'backbone').eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = osp.join(tmp, 'backbone.onnx')
+        t0 = time.perf_counter()
+        p2o.export(path_module, x, path)  # static shape, TorchScript, 17
+        export_s = time.perf_counter() - t0
+        file_mb = osp.getsize(path) / 2**20
+        session = p2o.ort_session(path, threads=args.threads)
+    feed = {session.get_inputs()[0].name: x.numpy()}
+    outputs = []
+
+    def run():
+        outputs[:] = session.run(None, feed)
+
+    times, peak = timed_phase(run, args, lambda: None)
+    with torch.no_grad():
+        expected = path_module(x)
+    if len(outputs) != len(expected):
+        raise RuntimeError(f'ONNX Runtime gave {len(outputs)} outputs, eager '
+                           f'PyTorch {len(expected)}')
+    diff = ref = 0.0
+    for got, want in zip(outputs, expected):
+        got = torch.from_numpy(got)
+        if got.shape != want.shape:
+            raise RuntimeError(f'ONNX Runtime output of shape '
+                               f'{tuple(got.shape)}, eager PyTorch '
+                               f'{tuple(want.shape)}')
+        diff = max(diff, float((got - want).abs().max()))
+        ref = max(ref, float(want.abs().max()))
+    runs = times[args.warmup:]
+    options = session.get_session_options()
+    return dict(ort_first_s=times[0], ort_latency_s=statistics.median(runs),
+                ort_runs_s=runs, ort_peak_mem_mb=peak,
+                ort_export_s=export_s, onnx_file_mb=file_mb,
+                ort_max_abs_diff=diff, max_abs_eager=ref,
+                ort_intra_op_threads=options.intra_op_num_threads,
+                ort_inter_op_threads=options.inter_op_num_threads)
+
+
 def measure(name, size, args):
     """One (model, size) measurement; runs inside the child process."""
     torch.set_num_threads(args.threads)
@@ -335,6 +412,9 @@ def measure(name, size, args):
     result.update(first_forward_s=times[0], latency_s=statistics.median(runs),
                   latency_runs_s=runs, peak_forward_mem_mb=peak)
     result['infer_img_s'] = args.batch / result['latency_s']
+    if args.runtime == 'onnxruntime':
+        result.update(time_onnxruntime(model, x, args))
+        result['ort_vs_eager'] = result['ort_latency_s'] / result['latency_s']
     if args.breakdown:
         timer = BlockTimer(model, sync)
         with torch.no_grad():
@@ -393,7 +473,8 @@ def run_child(name, size, args):
            f'{size[0]}x{size[1]}', '--batch', str(args.batch), '--threads',
            str(args.threads), '--runs', str(args.runs), '--warmup',
            str(args.warmup), '--device', args.device, '--amp', args.amp,
-           '--compile', args.compile, '--precision', args.precision]
+           '--compile', args.compile, '--precision', args.precision,
+           '--runtime', args.runtime]
     cmd += [f'--{f}' for f in ('train-step', 'with-cp', 'flops', 'breakdown',
                                 'census', 'traffic')
             if getattr(args, f.replace('-', '_'))]
@@ -425,11 +506,15 @@ def run_info(args, argv):
     # a census counts one forward after one warm-up
     calls = (1, 1) if args.census or args.traffic else (args.warmup,
                                                          args.runs)
-    return dict(device=args.device, device_name=device_name,
+    info = dict(device=args.device, device_name=device_name,
                 torch=torch.__version__, amp=args.amp,
                 compile=args.compile, precision=args.precision,
-                warmup=calls[0],
+                runtime=args.runtime, warmup=calls[0],
                 runs=calls[1], command=shlex.join(['python', *argv]))
+    if args.runtime == 'onnxruntime':
+        from importlib.metadata import version
+        info.update(onnx=version('onnx'), onnxruntime=version('onnxruntime'))
+    return info
 
 
 def fmt(value, spec):
@@ -448,6 +533,10 @@ class Table:
         if self.args.traffic:
             return (f'{"model":16s} {"size":>9s} {"ops":>6s} {"GB":>8s} '
                     f'{"GFLOP":>8s} {"bound ms":>9s}  top 3 ops by bound')
+        if self.args.runtime == 'onnxruntime':
+            return (f'{"model":16s} {"size":>9s} {"params(M)":>9s} '
+                    f'{"eager(ms)":>9s} {"ORT(ms)":>9s} {"ORT/eager":>9s} '
+                    f'{"max|diff|":>9s} {"export(s)":>9s}')
         if self.args.census:
             return (f'{"model":16s} {"size":>9s} {"ops":>7s} '
                     f'{"host_syncs":>10s}  top 5 ops')
@@ -475,6 +564,12 @@ class Table:
             return (f'{start} {r["ops"]:6d} {r["bytes"] / 1e9:8.2f} '
                     f'{r["flops"] / 1e9:8.1f} {r["time_bound_s"] * 1e3:9.2f}'
                     f'  {top}')
+        if self.args.runtime == 'onnxruntime':
+            return (f'{start} {r["params_m"]:9.2f} '
+                    f'{r["latency_s"] * 1e3:9.1f} '
+                    f'{r["ort_latency_s"] * 1e3:9.1f} '
+                    f'{r["ort_vs_eager"]:9.2f} {r["ort_max_abs_diff"]:9.1e} '
+                    f'{r["ort_export_s"]:9.1f}')
         if self.args.census:
             top = ', '.join(f'{k} {v}' for k, v in sorted(
                 r['by_op'].items(), key=lambda kv: -kv[1])[:5])
@@ -542,6 +637,30 @@ class Table:
         return lines
 
 
+def check_onnxruntime_args(parser, args):
+    """``--runtime onnxruntime`` times fp32 eval forwards on the CPU against
+    eager; refuse what it cannot run or would silently leave out."""
+    from importlib.util import find_spec
+    missing = [m for m in ('onnx', 'onnxruntime') if find_spec(m) is None]
+    if missing:
+        parser.error(f'--runtime onnxruntime needs {" and ".join(missing)}, '
+                     'not installed: pip install -r requirements/onnx.txt '
+                     '(or .[onnx])')
+    if args.device != 'cpu':
+        parser.error(f'--runtime onnxruntime runs the CPU execution provider '
+                     f'only; got --device {args.device} (use --device cpu)')
+    clash = [f'--amp {args.amp}'] if args.amp != 'none' else []
+    if args.compile != 'none':
+        clash.append(f'--compile {args.compile}')
+    clash += ['--' + f.replace('_', '-') for f in (
+        'train_step', 'with_cp', 'flops', 'breakdown', 'census', 'traffic',
+        'plot') if getattr(args, f)]
+    if clash:
+        parser.error('--runtime onnxruntime times fp32 eval forwards of the '
+                     'eager and the exported backbone; it does not combine '
+                     'with ' + ', '.join(clash))
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--models', nargs='+', default=[
@@ -571,6 +690,11 @@ def parse_args(argv):
                                  'max-autotune'),
                         help='torch.compile(fullgraph=True, dynamic=False) '
                         'with this mode (reduce-overhead: CUDA graphs)')
+    parser.add_argument('--runtime', choices=('eager', 'onnxruntime'),
+                        default='eager',
+                        help='onnxruntime: also export each backbone (static '
+                        'shape) and time it in ONNX Runtime on the CPU, '
+                        'against eager in the same run')
     parser.add_argument('--census', action='store_true',
                         help='instead of timing: aten ops and host syncs of '
                         'one eval forward (the GPU code path on any device)')
@@ -639,6 +763,8 @@ def parse_args(argv):
             parser.error('--compile times the compiled model; ' +
                          ', '.join('--' + f for f in clash) +
                          ' need the eager one (run them without --compile)')
+    if args.runtime == 'onnxruntime':
+        check_onnxruntime_args(parser, args)
     if args.amp == 'fp16' and args.device == 'cpu':
         parser.error('--amp fp16 needs --device cuda (fp16 training needs a '
                      'CUDA GradScaler); on the CPU use --amp bf16')
@@ -681,7 +807,10 @@ def main(argv=None):
           f'{info["torch"]} | batch {args.batch} | amp {args.amp} | '
           f'compile {args.compile} | with_cp {args.with_cp} | '
           f'warm-up {info["warmup"]}, runs {info["runs"]} | threads '
-          f'{args.threads}')
+          f'{args.threads}' + (
+              f' | onnxruntime {info["onnxruntime"]} (CPU EP, intra-op '
+              f'{args.threads}, inter-op 1) | onnx {info["onnx"]}'
+              if args.runtime == 'onnxruntime' else ''))
     print(f'command: {info["command"]}')
     table = Table(args)
     print(table.header(), flush=True)

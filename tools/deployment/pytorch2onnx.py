@@ -271,7 +271,9 @@ def export(path_module: TensorPath, example: torch.Tensor, out: str,
 
 
 def ort_session(path: str, threads: Optional[int] = None):
-    """A CPU ONNX Runtime session of ``path``."""
+    """A CPU ONNX Runtime session of ``path``: ``threads`` intra-op
+    threads (default torch's), one inter-op thread, operators run one after
+    another."""
     try:
         import onnxruntime as ort
     except ImportError as err:
@@ -280,6 +282,7 @@ def ort_session(path: str, threads: Optional[int] = None):
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or torch.get_num_threads()
     options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     return ort.InferenceSession(path, options,
                                 providers=['CPUExecutionProvider'])
 
