@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -139,24 +140,82 @@ SHORT_RUN = {
 }
 
 
+# The detection learning runs (test_tools::test_detection_learns): the
+# embedded Mask R-CNN configs from random weights, seed 0, for
+# DETECTION_EPOCHS epochs of 8 iterations (warm-up over 20 iterations, then
+# the configs' constant lr: their steps come later).
+DETECTION_EPOCHS = 4
+LEARNING_RUN = {
+    config: ('coco/bbox_mAP_50', [f'train_cfg.max_epochs={DETECTION_EPOCHS}'])
+    for config in ['configs/clustr/mask-rcnn_clustr-t_fpn_embedded-coco.py',
+                   'configs/paca/mask-rcnn_paca-t_fpn_embedded-coco.py']}
+# Where the learning test runs (every stack but torch 2.1's), a config's
+# learning run also stands for its short run: the inferencer tests load the
+# trained detector instead of training a second, barely trained one.
+LEARNING_STACK = tuple(
+    int(v) for v in torch.__version__.split('.')[:2]) >= (2, 2)
+
+
 @pytest.fixture(scope='session')
-def short_run(tiny_data, tmp_path_factory):
-    """``short_run(config)``: (work dir, last checkpoint) of the
-    :data:`SHORT_RUN` training of ``config`` with tools/train.py, run on
-    first use and shared by every test of the session."""
+def learning_run(tiny_data, tmp_path_factory):
+    """``learning_run(config)``: (work dir, last checkpoint, learning_check's
+    result) of the :data:`LEARNING_RUN` of ``config``, run on first use and
+    shared by every test of the session."""
     runs = {}
 
     def get(config):
         if config not in runs:
+            work_dir = tmp_path_factory.mktemp(Path(config).stem + '-learning')
+            metric, options = LEARNING_RUN[config]
+            result = learning_result(config, metric, 0, work_dir, options)
+            ckpt = (work_dir / 'last_checkpoint').read_text().strip()
+            assert Path(ckpt).is_file(), ckpt
+            runs[config] = (work_dir, ckpt, result)
+        return runs[config]
+
+    return get
+
+
+@pytest.fixture(scope='session')
+def short_run(tiny_data, tmp_path_factory, learning_run):
+    """``short_run(config)``: (work dir, last checkpoint) of the
+    :data:`SHORT_RUN` training of ``config`` with tools/train.py (or of its
+    learning run, see :data:`LEARNING_STACK`), run on first use and shared by
+    every test of the session."""
+    runs = {}
+
+    def get(config):
+        if config in LEARNING_RUN and LEARNING_STACK:
+            return learning_run(config)[:2]
+        if config not in runs:
             work_dir = tmp_path_factory.mktemp(Path(config).stem)
+            # seeded: the shipped configs draw a seed per run, and the tests
+            # that load these checkpoints must not depend on the draw
             run_tool(['tools/train.py', config, '--work-dir', str(work_dir),
-                      '--cfg-options', *SHORT_RUN[config]])
+                      '--cfg-options', 'randomness.seed=0',
+                      *SHORT_RUN[config]])
             ckpt = (work_dir / 'last_checkpoint').read_text().strip()
             assert Path(ckpt).is_file(), ckpt
             runs[config] = (work_dir, ckpt)
         return runs[config]
 
     return get
+
+
+_PARSED_CONFIGS = {}
+
+
+def load_config(path):
+    """``Config.fromfile(path)``, parsed once per session (a config with its
+    library bases takes about a second; several test files read every
+    shipped config): each call returns its own deep copy to change."""
+    import copy
+
+    from mmengine.config import Config
+    key = str(Path(ROOT, path).resolve())
+    if key not in _PARSED_CONFIGS:
+        _PARSED_CONFIGS[key] = Config.fromfile(key)
+    return copy.deepcopy(_PARSED_CONFIGS[key])
 
 
 def logged_losses(work_dir):

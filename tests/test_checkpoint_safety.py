@@ -269,7 +269,8 @@ def test_detection_falls_back_where_torch_lacks_the_tuple_form(monkeypatch):
 @pytest.mark.skipif(
     safe_pickle.allow_runner_checkpoint_types() == 'native',
     reason='torch allow-lists the runner types here; the forced restricted '
-    'resume runs in test_tools.py::test_resume_continues_from_checkpoint')
+    'resume runs in test_tools.py::'
+    'test_killed_run_resumes_to_the_uninterrupted_result')
 def test_resume_under_forced_restricted_mode(tiny_data, tmp_path):
     """The fallback path end to end where it is torch's only one (torch <
     2.6, e.g. the torch 2.1 stack): train, then resume (the runner

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import load_config
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
@@ -113,7 +114,7 @@ def imagenet_variant(cfg):
         if made_by else []
     if len(sources) != 1:
         return None
-    return release_variant(Config.fromfile(sources[0]).model.backbone)
+    return release_variant(load_config(sources[0]).model.backbone)
 
 
 def release_file(cfg):
@@ -167,7 +168,7 @@ def test_configs_found():
 
 @pytest.mark.parametrize('path', CONFIGS)
 def test_config_builds(path):
-    cfg = Config.fromfile(ROOT / path)
+    cfg = load_config(path)
     assert cfg.custom_imports['imports'] == ['clustr_mm']
     model = build_model(cfg)
     backbone = cfg.model.backbone
@@ -198,7 +199,7 @@ def test_default_weights_can_be_had(path):
     variant, by URL; where the release has none (and for ClusTR, which has no
     release at all) from the local path an ImageNet config of ours writes,
     and the folder's README says so."""
-    cfg = Config.fromfile(ROOT / path)
+    cfg = load_config(path)
     assert cfg.default_scope != 'mmpretrain', path
     ckpt, backbone = cfg.imagenet_checkpoint, cfg.model.backbone
     expected = None
@@ -224,7 +225,7 @@ def test_default_weights_can_be_had(path):
     assert made_by, f'{path}: {ckpt} is not what tools/train.py writes'
     source = list((ROOT / 'configs').glob(f'*/{made_by[1]}.py'))
     assert len(source) == 1, f'no config writes {ckpt}'
-    source = Config.fromfile(source[0])
+    source = load_config(source[0])
     assert source.default_scope == 'mmpretrain'
     for key in ('type', 'arch', 'clustering', 'clustering_interval'):
         assert source.model.backbone.get(key) == backbone.get(key), key
@@ -234,7 +235,7 @@ def test_default_weights_can_be_had(path):
 
 @pytest.mark.parametrize('path', IMAGENET)
 def test_imagenet_configs_train_from_scratch(path):
-    cfg = Config.fromfile(ROOT / path)
+    cfg = load_config(path)
     assert cfg.default_scope == 'mmpretrain', path
     assert not cfg.model.backbone.get('init_cfg'), path
     assert not cfg.get('load_from'), path
@@ -242,7 +243,7 @@ def test_imagenet_configs_train_from_scratch(path):
 
 def test_release_naming_matches_every_paca_file():
     """Each release file is reproduced by one of our configs."""
-    made = {release_file(Config.fromfile(ROOT / p)) for p in CONFIGS}
+    made = {release_file(load_config(p)) for p in CONFIGS}
     missing = sorted(RELEASE_FILES - made)
     assert not missing, missing
 
@@ -285,14 +286,14 @@ def test_imagenet_evaluation_is_the_releases(tmp_path):
         transforms.Resize(248, interpolation=transforms.InterpolationMode.BICUBIC),
         transforms.CenterCrop(224)])
     expected = np.asarray(timm(Image.open(path).convert('RGB')))
-    cfg = Config.fromfile(ROOT / 'configs/paca/paca-s_8xb128_in1k.py')
+    cfg = load_config('configs/paca/paca-s_8xb128_in1k.py')
     with DefaultScope.overwrite_default_scope('mmpretrain'):
         for loader in (cfg.val_dataloader, cfg.test_dataloader):
             out = Compose(loader.dataset.pipeline)(dict(img_path=str(path)))
             ours = out['inputs'].numpy()[::-1].transpose(1, 2, 0)  # BGR CHW
             np.testing.assert_array_equal(ours, expected)
     for other in PACA_IMAGENET:  # every PaCa classifier evaluates the same way
-        pipeline = Config.fromfile(ROOT / other).test_dataloader.dataset.pipeline
+        pipeline = load_config(other).test_dataloader.dataset.pipeline
         assert pipeline == cfg.test_dataloader.dataset.pipeline, other
 
 
@@ -305,7 +306,7 @@ def test_parameter_groups_are_the_releases(path):
     official name has 'norm' (our norms are named alike, except the teacher's
     BatchNorms, numbered in the official code), one learning rate."""
     from mmengine.optim import build_optim_wrapper
-    cfg = Config.fromfile(ROOT / path)
+    cfg = load_config(path)
     model = build_model(cfg)
     with DefaultScope.overwrite_default_scope(cfg.default_scope):
         wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
@@ -330,7 +331,7 @@ def test_mask_rcnn_augmentation_is_the_releases():
     from mmdet.structures.bbox import HorizontalBoxes
     from mmdet.structures.mask import BitmapMasks
     from mmengine.dataset import Compose
-    cfg = Config.fromfile(ROOT / 'configs/paca/mask-rcnn_paca-s_fpn_ms-1x_coco.py')
+    cfg = load_config('configs/paca/mask-rcnn_paca-s_fpn_ms-1x_coco.py')
     pipeline = cfg.train_dataloader.dataset.pipeline
     assert [t['type'] for t in pipeline] == [
         'LoadImageFromFile', 'LoadAnnotations', 'RandomFlip', 'RandomChoice',
@@ -349,7 +350,7 @@ def test_mask_rcnn_augmentation_is_the_releases():
     # (the embedded one resizes its tiny images to one size instead)
     for other in CONFIGS:
         if 'mask-rcnn_paca' in other and 'embedded' not in other:
-            assert Config.fromfile(ROOT / other).train_dataloader.dataset \
+            assert load_config(other).train_dataloader.dataset \
                 .pipeline == pipeline, other
     importlib.import_module('mmdet.utils').register_all_modules(False)
     rng = np.random.default_rng(0)

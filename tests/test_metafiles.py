@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import load_config
 from test_configs import (CONFIGS, RELEASE, RELEASE_FILES, ROOT, build_model,
                           release_file)
 
@@ -129,9 +130,8 @@ def test_weights_are_the_release_file_of_each_config():
     """A config whose model the release has a file for names that file, and
     only that one; one without a release file names none (the README's
     mislinked rows included)."""
-    from mmengine.config import Config
     for _, model in _models():
-        expected = release_file(Config.fromfile(ROOT / model['Config']))
+        expected = release_file(load_config(model['Config']))
         if expected is None:  # a kind of model release_file does not name
             continue
         weights = model.get('Weights')
@@ -177,9 +177,8 @@ PARAM_CHECKS = [
 
 @pytest.mark.parametrize('path', PARAM_CHECKS)
 def test_parameters_match_the_built_model(path):
-    from mmengine.config import Config
     entry = {m['Config']: m for _, m in _models()}[path]
-    model = build_model(Config.fromfile(ROOT / path))
+    model = build_model(load_config(path))
     assert entry['Metadata']['Parameters'] == sum(
         p.numel() for p in model.parameters())
 

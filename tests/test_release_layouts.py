@@ -16,9 +16,9 @@ from contextlib import contextmanager
 
 import pytest
 import torch
-from mmengine.config import Config
+from conftest import load_config
 from mmengine.registry import DefaultScope
-from release_manifest import (MANIFEST, RELEASE, ROOT, metafile_configs,
+from release_manifest import (MANIFEST, RELEASE, metafile_configs,
                               official_shapes, official_state)
 from test_configs import RELEASE_FILES, release_file
 from test_paca import to_official
@@ -71,7 +71,7 @@ def test_manifest_is_the_release():
 @pytest.mark.parametrize('name', sorted(MANIFEST))
 def test_release_file_fills_the_config_it_is_listed_on(name):
     path = NAMED[name]
-    cfg = Config.fromfile(ROOT / path)
+    cfg = load_config(path)
     assert release_file(cfg) == name, path  # the release's naming agrees
     kwargs = MANIFEST[name].get('official_kwargs', {})
     if 'downstream_cluster_num' in kwargs:  # the official config's clusters
@@ -98,7 +98,7 @@ def test_the_tests_inverse_key_map_writes_the_release_layout(name):
     which other tests write official-layout files from narrow models) gives
     exactly the keys and shapes of each release file's official model, so
     those files stand for the release's."""
-    cfg = Config.fromfile(ROOT / NAMED[name])
+    cfg = load_config(NAMED[name])
     state = our_state(cfg)
     backbone = {k[len('backbone.'):]: v for k, v in state.items()
                 if k.startswith('backbone.')}
@@ -128,7 +128,7 @@ def test_downstream_config_starts_from_a_fitting_classifier(path):
     its backbone; only the last layer of the clustering nets differs in
     shape (the segmentors' 200 clusters, re-initialised as in the official
     fine-tuning), and only in the number of clusters."""
-    cfg = Config.fromfile(ROOT / path)
+    cfg = load_config(path)
     source = _imagenet_file(cfg)
     if source is None:  # a local path: its config is checked by test_configs
         assert not cfg.imagenet_checkpoint.startswith('http'), path
@@ -198,7 +198,7 @@ def test_release_file_with_random_values_loads_through_the_config(
                    file)
     else:
         torch.save(state, file)
-    cfg = Config.fromfile(ROOT / NAMED[name])
+    cfg = load_config(NAMED[name])
     init = dict(type='Pretrained', checkpoint=str(file), prefix='backbone.')
     with _scope(cfg) as registry:
         backbone = registry.build(dict(cfg.model.backbone, init_cfg=init))

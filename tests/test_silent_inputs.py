@@ -5,11 +5,9 @@ names the argument, the value and what is allowed; half precision runs.
 Unit-level wherever the behaviour lives in a function; the tool-level checks
 are batched into a few ``slow`` tests at the end."""
 import json
-import os
 import re
 import sys
 import warnings
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np

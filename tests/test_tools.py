@@ -9,8 +9,8 @@ import time
 
 import pytest
 import torch
-from conftest import (ROOT, SHORT_RUN, learning_result, load_tool,
-                      logged_losses, run_tool)
+from conftest import (LEARNING_RUN, LEARNING_STACK, ROOT, SHORT_RUN,
+                      learning_result, load_tool, logged_losses, run_tool)
 
 import clustr_mm  # noqa: F401  (allow-lists runner checkpoint types)
 
@@ -66,6 +66,9 @@ def _metrics(output):
 @pytest.mark.slow
 def test_train_then_test(family, short_run):
     config, _, metric = FAMILIES[family]
+    if config in LEARNING_RUN and LEARNING_STACK:
+        pytest.skip('test_detection_learns trains this config and checks '
+                    "tools/test.py's metrics on this stack")
     work_dir, ckpt = short_run(config)
     out = run_tool(['tools/test.py', config, ckpt, '--work-dir',
                     str(work_dir)]).stdout
@@ -87,32 +90,6 @@ def test_train_then_test(family, short_run):
 
 
 @pytest.mark.slow
-def test_resume_continues_from_checkpoint(tiny_data, tmp_path):
-    config = 'configs/clustr/clustr-t_embedded-imagenet.py'
-    base = ['--work-dir', str(tmp_path), '--cfg-options',
-            'train_cfg.val_interval=100', 'default_hooks.checkpoint.interval=1']
-    run_tool(['tools/train.py', config, *base, 'train_cfg.max_epochs=1'])
-    assert _last_checkpoint(tmp_path).endswith('epoch_1.pth')
-    out = run_tool(['tools/train.py', config, '--resume', *base,
-                    'train_cfg.max_epochs=2']).stdout
-    assert 'resumed epoch: 1' in out, out[-3000:]
-    assert _last_checkpoint(tmp_path).endswith('epoch_2.pth')
-    ckpt = torch.load(tmp_path / 'epoch_2.pth', map_location='cpu')
-    assert ckpt['meta']['epoch'] == 2
-    # Resuming from an explicit path works too (here through the restricted
-    # unpickler, forced: the fallback where torch cannot allow-list the
-    # runner's types), and a wrong one is refused.
-    out = run_tool(['tools/train.py', config, '--resume',
-                    str(tmp_path / 'epoch_1.pth'), *base,
-                    'train_cfg.max_epochs=2'],
-                   env={'CLUSTR_MM_SAFE_LOAD': 'restricted'}).stdout
-    assert 'resumed epoch: 1' in out
-    bad = run_tool(['tools/train.py', config, '--resume',
-                    str(tmp_path / 'missing.pth'), *base], check=False)
-    assert bad.returncode != 0 and 'no checkpoint at' in bad.stdout
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize('family', ['fpn-clustr', 'mask-rcnn-clustr'])
 def test_dist_train_two_cpu_processes(family, tiny_data, tmp_path):
     # one thread per process: two processes share the CI machine's two cores
@@ -131,6 +108,8 @@ def test_dist_train_two_cpu_processes(family, tiny_data, tmp_path):
 
 @pytest.mark.slow
 def test_killed_run_resumes_to_the_uninterrupted_result(tiny_data, tmp_path):
+    """SIGKILL during epoch 2, resumed from epoch_1.pth: the losses and the
+    final weights of the uninterrupted run; a missing checkpoint refused."""
     config = 'configs/clustr/clustr-t_embedded-imagenet.py'
     opts = ['--cfg-options', 'train_cfg.max_epochs=3',
             'train_cfg.val_interval=100', 'randomness.seed=0',
@@ -151,8 +130,13 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tiny_data, tmp_path):
     proc.wait()
     assert not (killed / 'epoch_3.pth').exists()
 
-    run_tool(['tools/train.py', config, '--work-dir', str(killed), '--resume',
-              *opts])
+    # resumed from the explicit path, through the restricted unpickler
+    # (forced: the fallback where torch cannot allow-list the runner's
+    # types; test_sigterm_... resumes from last_checkpoint)
+    out = run_tool(['tools/train.py', config, '--work-dir', str(killed),
+                    '--resume', str(killed / 'epoch_1.pth'), *opts],
+                   env={'CLUSTR_MM_SAFE_LOAD': 'restricted'}).stdout
+    assert 'resumed epoch: 1' in out, out[-3000:]
     resumed = logged_losses(killed)
     assert resumed and resumed[0][0] > 4  # continued after epoch 1 (4 iters)
     assert resumed == [p for p in logged_losses(full) if p[0] >= resumed[0][0]]
@@ -160,6 +144,12 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tiny_data, tmp_path):
     b = torch.load(killed / 'epoch_3.pth', map_location='cpu')['state_dict']
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.load(killed / 'epoch_3.pth',
+                      map_location='cpu')['meta']['epoch'] == 3
+    bad = run_tool(['tools/train.py', config, '--resume',
+                    str(tmp_path / 'missing.pth'), '--work-dir', str(killed),
+                    *opts], check=False)
+    assert bad.returncode != 0 and 'no checkpoint at' in bad.stdout
 
 
 @pytest.mark.slow
@@ -170,14 +160,11 @@ def test_segmentation_learns_on_embedded_data(tiny_data, tmp_path):
     assert result['end'] >= result['start'] + 20, result
 
 
-# Detection learns: the embedded Mask R-CNN configs, from random weights,
-# seed 0, for DETECTION_EPOCHS epochs of 8 iterations (warm-up over 20
-# iterations, then the configs' constant lr: their steps come later).
+# Detection learns: conftest.LEARNING_RUN, the embedded Mask R-CNN configs.
 DETECTION = {
     'clustr': 'configs/clustr/mask-rcnn_clustr-t_fpn_embedded-coco.py',
     'paca': 'configs/paca/mask-rcnn_paca-t_fpn_embedded-coco.py',
 }
-DETECTION_EPOCHS = 4
 # On COCO's 0-1 scale. Measured after 4 epochs, one thread (2026-11-26,
 # docs/embedded_data.md): untrained 0.000 for both; bbox mAP50 / segm mAP
 # ClusTR-T seed 0 0.755 / 0.452, seed 1 0.808 / 0.524; PaCa-T seed 0
@@ -193,23 +180,21 @@ DETECTION_BARS = {'coco/bbox_mAP_50': 0.3, 'coco/segm_mAP': 0.15}
 # the same ops for a sixth of the time)
 @pytest.mark.parametrize('backbone', ['clustr', 'paca'])
 @pytest.mark.slow
-def test_detection_learns(backbone, tiny_data, tmp_path):
+def test_detection_learns(backbone, learning_run):
     """bbox mAP50 and segm mAP from the untrained model's (its random
     weights: 0) to far above it; a backbone returning channels-last maps
     (the RoIAlign bug of 2026-11-21) stays under the bars (0.007 / 0.002).
     ClusTR: tools/test.py on the saved checkpoint reports the same metrics."""
     config = DETECTION[backbone]
-    result = learning_result(
-        config, 'coco/bbox_mAP_50', 0, tmp_path,
-        options=[f'train_cfg.max_epochs={DETECTION_EPOCHS}'])
+    work_dir, ckpt, result = learning_run(config)
     start, end = result['start_metrics'], result['end_metrics']
     for key, bar in DETECTION_BARS.items():
         assert start[key] <= DETECTION_UNTRAINED, result
         assert end[key] >= bar, result
         assert end[key] <= 1.0, result  # COCO AP is a fraction
     if backbone == 'clustr':
-        out = run_tool(['tools/test.py', config, _last_checkpoint(tmp_path),
-                        '--work-dir', str(tmp_path / 'test')]).stdout
+        out = run_tool(['tools/test.py', config, ckpt,
+                        '--work-dir', str(work_dir / 'test')]).stdout
         metrics = _metrics(out)
         for key in DETECTION_BARS:
             assert float(metrics[key]) == pytest.approx(end[key], abs=1e-3)
