@@ -754,3 +754,17 @@ def test_benchmark_onnxruntime_needs_the_package(monkeypatch, capsys):
     assert ('--runtime onnxruntime needs onnxruntime, not installed: pip '
             'install -r requirements/onnx.txt' in capsys.readouterr().err)
     tool.parse_args([])  # eager needs no onnxruntime
+
+
+def test_benchmark_child_past_its_timeout_is_a_failed_row(monkeypatch):
+    """A (model, size) that runs past --timeout fails its row; the run goes
+    on with the next one (before: TimeoutExpired ended the whole run)."""
+    tool = load_tool('benchmark')
+
+    def too_slow(cmd, timeout, **kwargs):
+        raise tool.subprocess.TimeoutExpired(cmd, timeout)
+
+    monkeypatch.setattr(tool.subprocess, 'run', too_slow)
+    args = tool.parse_args(['--timeout', '5'])
+    assert tool.run_child('paca-s', (512, 512), args) == dict(
+        model='paca-s', size='512x512', error='stopped after --timeout 5 s')

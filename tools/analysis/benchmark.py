@@ -481,8 +481,12 @@ def run_child(name, size, args):
     if args.scale_batch:
         cmd += ['--scale-batch', str(args.scale_batch)]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                          timeout=args.timeout)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                              timeout=args.timeout)
+    except subprocess.TimeoutExpired:  # the row says so; the others go on
+        return dict(model=name, size=f'{size[0]}x{size[1]}',
+                    error=f'stopped after --timeout {args.timeout} s')
     for line in proc.stdout.splitlines():
         if line.startswith('RESULT '):
             return json.loads(line[7:])
