@@ -768,3 +768,21 @@ def test_benchmark_child_past_its_timeout_is_a_failed_row(monkeypatch):
     args = tool.parse_args(['--timeout', '5'])
     assert tool.run_child('paca-s', (512, 512), args) == dict(
         model='paca-s', size='512x512', error='stopped after --timeout 5 s')
+
+
+def test_learning_check_weight_change_per_part():
+    """learning_check.py's ``weight_change``: 0 for a part that did not
+    move (a frozen backbone), ||dw|| / ||w|| for one that did."""
+    tool = load_tool('learning_check')
+    model = nn.Module()
+    model.backbone = nn.Linear(3, 4)
+    model.neck = nn.Sequential(nn.Linear(4, 2), nn.Linear(2, 2))
+    before = tool._weights(model)
+    with torch.no_grad():
+        model.neck[1].weight.add_(1.0)
+    change = tool.weight_change(before, model)
+    assert change['backbone'] == 0.0
+    norm = sum(float(w.double().pow(2).sum()) for k, w in before.items()
+               if k.startswith('neck.'))
+    # (w + 1 rounds in float32: not exactly 1 apart)
+    assert change['neck'] == pytest.approx((4 / norm) ** 0.5, rel=1e-6)

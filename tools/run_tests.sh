@@ -7,21 +7,29 @@
 #   torch2.1  .venv-torch2.1  the tests marked `torch21` (pytest.ini):
 #                             backbone, checkpoint and environment unit tests
 #                             + Mask R-CNN ClusTR-T train/test end to end
+#   mmdeploy  .venv-mmdeploy  the tests marked `mmdeploy`: Mask R-CNN through
+#                             mmdeploy + ONNX Runtime (a side environment on
+#                             the torch 2.1 stack: run after it)
 # CLUSTR_MM_STACKS="default" (or "torch2.1") runs only those. pytest args go to
 # every stack. Every stack runs even if an earlier one fails; the exit status
 # is non-zero if any failed.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-STACKS="${CLUSTR_MM_STACKS:-default torch2.1}"
+STACKS="${CLUSTR_MM_STACKS:-default torch2.1 mmdeploy}"
 cd "$ROOT"
 
 FAILED=()
 for STACK in $STACKS; do
   START=$SECONDS
   echo "[run_tests] ===== stack $STACK ====="
+  SETUP=(bash "$ROOT/tools/setup_env.sh")
   if [ "$STACK" = default ]; then
     VENV="${CLUSTR_MM_VENV:-$ROOT/.venv}"
     TESTS=(tests)
+  elif [ "$STACK" = mmdeploy ]; then
+    VENV="$ROOT/.venv-mmdeploy"
+    TESTS=(tests/test_mmdeploy.py -m mmdeploy)  # (its side packages: onnx 1.17)
+    SETUP=(bash "$ROOT/tools/deployment/setup_mmdeploy_env.sh")
   else
     VENV="$ROOT/.venv-$STACK"
     case "$STACK" in
@@ -30,7 +38,7 @@ for STACK in $STACKS; do
       *) echo "[run_tests] unknown stack $STACK" >&2; FAILED+=("$STACK"); continue ;;
     esac
   fi
-  if ! CLUSTR_MM_STACK="$STACK" CLUSTR_MM_VENV="$VENV" bash "$ROOT/tools/setup_env.sh"; then
+  if ! CLUSTR_MM_STACK="$STACK" CLUSTR_MM_VENV="$VENV" "${SETUP[@]}"; then
     FAILED+=("$STACK (setup)"); continue
   fi
   "$VENV/bin/python" tools/data/make_tiny_data.py --out data || { FAILED+=("$STACK (data)"); continue; }
