@@ -175,9 +175,9 @@ DETECTION = {
 # (tests/configs/channels_last_maps.py, the RoIAlign bug) 0.007 / 0.002,
 # under the bars; ClusTR-T with its backbone frozen at the random init
 # (model.backbone.frozen_stages=4, seed 0) 0.756 / 0.528, ABOVE them: on
-# this data the neck and heads learn from random backbone features, so this
-# test shows the detector learns from the maps the backbone hands it (read
-# as NCHW), not that training the backbone adds anything.
+# this data the neck and heads learn from random backbone features, so the
+# bars show the detector learns from the maps the backbone hands it (read
+# as NCHW); DETECTION_BACKBONE_CHANGE below fails the frozen backbone.
 DETECTION_UNTRAINED = 0.01
 # The backbone must have trained: learning_check's weight_change (relative
 # change of the backbone's weights over the run). A backbone frozen at its
@@ -199,7 +199,8 @@ def test_detection_learns(backbone, learning_run):
     """bbox mAP50 and segm mAP from the untrained model's (its random
     weights: 0) to far above it; a backbone returning channels-last maps
     (the RoIAlign bug of 2026-11-21) stays under the bars (0.007 / 0.002);
-    a backbone frozen at its random weights does not (see DETECTION_BARS).
+    a backbone frozen at its random weights passes the bars and fails the
+    backbone weight-change check (see DETECTION_BARS).
     ClusTR: tools/test.py on the saved checkpoint reports the same metrics."""
     config = DETECTION[backbone]
     work_dir, ckpt, result = learning_run(config)
