@@ -20,6 +20,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# The model configs: every configs/<folder>/*.py but mmdeploy's deploy
+# configs (configs/deploy/, no model) and private folders ('_...').
+MODEL_CONFIGS = sorted(
+    p for p in (ROOT / 'configs').glob('*/*.py')
+    if p.parent.name != 'deploy' and not p.parent.name.startswith('_'))
+
 NO_CUDA = ('needs a CUDA device (the GPU tier, pytest -m cuda); '
            'torch.cuda.is_available() is False here')
 

@@ -7,14 +7,12 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import load_config
+from conftest import MODEL_CONFIGS, load_config
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = sorted(str(p.relative_to(ROOT))
-                 for p in (ROOT / 'configs').glob('*/*.py')
-                 if not p.parent.name.startswith('_'))
+CONFIGS = [str(p.relative_to(ROOT)) for p in MODEL_CONFIGS]
 
 # Whole-model parameters (M) published by the papers, to 0.1 M, and ours
 # (the built model, 2026-11-25). Ours must round to the published figure:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import MODEL_CONFIGS
 from test_configs import RELEASE, ROOT
 
 pytestmark = pytest.mark.slow
@@ -78,7 +79,7 @@ def test_mim_search_lists_configs_with_release_weights(site, tmp_path):
             if value is not None:
                 rows.setdefault(name, {})[field] = value
     # Every config of every folder is listed.
-    assert len(rows) == len(list(ROOT.glob('configs/*/*.py')))
+    assert len(rows) == len(MODEL_CONFIGS)
     det = rows[DET_CONFIG]
     assert det['weight'] == RELEASE + DET_FILE
     assert det['coco/box_ap'] == 46.4 and det['coco/mask_ap'] == 41.8
@@ -151,5 +152,5 @@ def test_mim_sees_an_editable_install(tmp_path):
         f'{links} is missing: run pip install -e . (tools/setup_env.sh)'
     out = _run([str(MIM), 'search', 'clustr_mm', '--valid-config'], ROOT,
                tmp_path)
-    for config in ROOT.glob('configs/*/*.py'):
+    for config in MODEL_CONFIGS:
         assert f"'{config.stem}'" in out, config.stem
