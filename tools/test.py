@@ -42,9 +42,13 @@ def main(argv=None):
     runner = build_runner(cfg)
     metrics = runner.test()
     finish_distributed()
-    print(f'[test] {args.config}: ' + ', '.join(
+    line = f'[test] {args.config}: ' + ', '.join(
         f'{k}={v:.4f}' if isinstance(v, float) else f'{k}={v}'
-        for k, v in metrics.items()))
+        for k, v in metrics.items())
+    # one write, newline included: every rank prints this line, and print()'s
+    # separate newline let two ranks' lines run together on a busy machine
+    sys.stdout.write(line + '\n')
+    sys.stdout.flush()
     return metrics
 
 
