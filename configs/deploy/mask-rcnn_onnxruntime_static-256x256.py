@@ -1,6 +1,6 @@
 # mmdeploy deploy config: an mmdet two-stage instance-segmentation model
-# (Mask R-CNN) to ONNX with NMS and RoIAlign in the graph, for ONNX Runtime
-# (mmdeploy's custom-ops library provides RoIAlign), at one fixed input size.
+# (Mask R-CNN) to ONNX with NMS and RoIAlign in the graph (ONNX's own
+# NonMaxSuppression and RoiAlign), for ONNX Runtime, at one fixed input size.
 # ClusTR graphs need a fixed size (their clustering windows and cluster counts
 # are fixed when traced); mmdeploy then resizes every image to this size
 # (no aspect ratio kept). 256x256 is the embedded configs' size.

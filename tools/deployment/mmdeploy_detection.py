@@ -8,8 +8,8 @@ against PyTorch on the same images.
 Runs in mmdeploy's side environment (``bash
 tools/deployment/setup_mmdeploy_env.sh``, on the torch 2.1 stack). mmdeploy's
 ``torch2onnx`` writes ``DIR/end2end.onnx`` with its rewriters: the box
-decoding, NMS (ONNX NonMaxSuppression) and RoIAlign (mmdeploy's ONNX Runtime
-custom op) are in the graph. Then, per image, on mmdeploy's preprocessed
+decoding, NMS (ONNX NonMaxSuppression) and RoIAlign (ONNX RoiAlign, opset
+16 and later) are in the graph. Then, per image, on mmdeploy's preprocessed
 input (``create_input``: a static deploy config resizes to its size):
 
 1. **The graph** (checked): ONNX Runtime's outputs (``dets``, ``labels``)
