@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import load_config
+from conftest import MODEL_CONFIGS, load_config
 from test_configs import (CONFIGS, RELEASE, RELEASE_FILES, ROOT, build_model,
                           release_file)
 
 INDEX = ROOT / 'model-index.yml'
 OFFICIAL_CODE = 'https://github.com/iVMCL/PaCaViT'
-FOLDERS = sorted(p.name for p in (ROOT / 'configs').iterdir()
-                 if p.is_dir() and not p.name.startswith('_'))
+# the folders of model configs (configs/deploy/ holds mmdeploy's configs)
+FOLDERS = sorted({p.parent.name for p in MODEL_CONFIGS})
 # Metric names each library reports, so mim users see familiar keys.
 TASK_METRICS = {
     'Image Classification': {'Top 1 Accuracy', 'Top 5 Accuracy'},
