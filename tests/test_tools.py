@@ -91,8 +91,8 @@ def test_train_then_test(family, short_run):
 
 @pytest.mark.slow
 def test_dist_train_two_cpu_processes(tiny_data, tmp_path):
-    """Mask R-CNN ClusTR-T in two gloo processes (8 images / (2 processes x
-    batch 2) = 2 iterations), with gradient checkpointing in the backbone
+    """Mask R-CNN ClusTR-T in two gloo processes (16 images / (2 processes x
+    batch 2) = 4 iterations), with gradient checkpointing in the backbone
     (docs/benchmarks.md); one thread per process: two processes share the
     CI machine's two cores."""
     config, options, _ = FAMILIES['mask-rcnn-clustr']
@@ -104,7 +104,7 @@ def test_dist_train_two_cpu_processes(tiny_data, tmp_path):
     assert 'launcher pytorch, world size 2' in out, out[-3000:]
     assert _last_checkpoint(tmp_path).endswith('epoch_1.pth')
     state = torch.load(_last_checkpoint(tmp_path), map_location='cpu')
-    assert state['meta']['iter'] == 2, state['meta']
+    assert state['meta']['iter'] == 4, state['meta']
 
 
 @pytest.mark.slow
