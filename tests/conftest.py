@@ -19,6 +19,8 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+# torch's (major, minor), for version-gated tests
+TORCH = tuple(int(v) for v in torch.__version__.split('+')[0].split('.')[:2])
 
 # The model configs: every configs/<folder>/*.py but mmdeploy's deploy
 # configs (configs/deploy/, no model) and private folders ('_...').
@@ -158,8 +160,7 @@ LEARNING_RUN = {
 # Where the learning test runs (every stack but torch 2.1's), a config's
 # learning run also stands for its short run: the inferencer tests load the
 # trained detector instead of training a second, barely trained one.
-LEARNING_STACK = tuple(
-    int(v) for v in torch.__version__.split('.')[:2]) >= (2, 2)
+LEARNING_STACK = TORCH >= (2, 2)
 
 
 @pytest.fixture(scope='session')

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 import torch
+from conftest import TORCH
 
-TORCH = tuple(int(v) for v in torch.__version__.split('+')[0].split('.')[:2])
 try:
     import triton
     TRITON = tuple(int(v) for v in triton.__version__.split('.')[:2])

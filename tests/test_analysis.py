@@ -14,7 +14,7 @@ import clustr_mm  # noqa: F401
 from clustr_mm.models.layers import ClusterAttention, PaCaAttention
 from clustr_mm.analysis.flops import analyze_flops, dpc_knn_macs
 
-from conftest import load_tool, run_tool
+from conftest import TORCH, load_tool, run_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -464,8 +464,7 @@ def test_benchmark_train_step_bf16_cpu(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    tuple(int(v) for v in torch.__version__.split('+')[0].split('.')[:2])
-    < (2, 4), reason='compile of the backbones is tested from torch 2.4 on '
+    TORCH < (2, 4), reason='compile of the backbones is tested from torch 2.4 on '
     '(tests/test_graph_ready.py)')
 def test_benchmark_compiled_model(tmp_path):
     """--compile times the compiled model: one whole graph, after a warm-up

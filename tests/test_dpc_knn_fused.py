@@ -17,20 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from fused_cases import TORCH, TRITON, needs_triton, triton
+
 HERE = Path(__file__).resolve().parent
-TORCH = tuple(int(v) for v in torch.__version__.split('+')[0].split('.')[:2])
-
-try:
-    import triton
-    TRITON = tuple(int(v) for v in triton.__version__.split('.')[:2])
-except ImportError:
-    TRITON = None
-
-needs_triton = pytest.mark.skipif(
-    TRITON is None or TRITON < (3, 2) or TORCH < (2, 4),
-    reason=f'the fused op needs torch >= 2.4 (custom_op) and triton >= 3.2 '
-    f'(interpreter with return_indices, GPUTarget); here torch '
-    f'{torch.__version__}, triton {TRITON}')
 
 # (grid, window size, sr_ratio, batch, channels): exact mode; windows with
 # border windows at the bottom, at the right, both, none; border windows

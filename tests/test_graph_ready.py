@@ -8,6 +8,7 @@ the project's: ClusTR-S at 224, batch 2, <= 1,200 ops and no sync; at
 """
 import pytest
 import torch
+from conftest import TORCH
 from torch import nn
 from mmengine.analysis import get_model_complexity_info
 from mmengine.registry import MODELS
@@ -121,9 +122,6 @@ def test_census_sees_a_host_sync():
     x = torch.randn(1, 3, 64, 64)
     counted = op_census(lambda: int(model(x)[0].argmax()))
     assert counted['host_syncs'] >= 1
-
-
-TORCH = tuple(int(v) for v in torch.__version__.split('+')[0].split('.')[:2])
 
 
 # Windows of 8, 4, 2 tokens on 20x24, 10x12, 5x6 grids: border windows,
