@@ -150,11 +150,9 @@ def rewritten_forward(model, deploy_cfg):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    import onnxruntime
     import torch
     from mmdeploy.apis import torch2onnx
     from mmdeploy.apis.utils import build_task_processor
-    from mmdeploy.backend.onnxruntime.init_plugins import get_ops_path
     from mmdeploy.utils import get_input_shape, load_config
 
     import clustr_mm  # noqa: F401  (registers the backbones)
@@ -173,11 +171,9 @@ def main(argv=None) -> int:
     torch2onnx(args.images[0], args.work_dir, 'end2end.onnx', deploy_cfg,
                model_cfg, checkpoint, device='cpu')
     print(f'[mmdeploy] exported {onnx_file}')
-    options = onnxruntime.SessionOptions()
-    options.register_custom_ops_library(get_ops_path())
-    session = onnxruntime.InferenceSession(
-        onnx_file, options, providers=['CPUExecutionProvider'])
     backend = processor.build_backend_model([onnx_file])
+    # the graph's raw outputs, from the session mmdeploy's detector runs
+    session = backend.wrapper.sess
     model = processor.build_pytorch_model(checkpoint)
     exported = rewritten_forward(processor.build_pytorch_model(checkpoint),
                                  deploy_cfg)

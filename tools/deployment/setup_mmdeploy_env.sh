@@ -37,14 +37,16 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$KEY" ]; then
 fi
 
 # The side environment's protobuf and onnx, everything else the stack's.
-"$VENV/bin/python" - "$SITE" <<'PY'
-import sys
+"$VENV/bin/python" - "$SITE" "$REQ" <<'PY'
+import re, sys
 import google.protobuf, mmcv, mmdeploy, numpy, onnx, onnxruntime, torch
 import clustr_mm
 from mmdeploy.backend.onnxruntime.init_plugins import get_ops_path
-stack = sys.argv[1]
-assert google.protobuf.__version__ == '3.20.2', google.protobuf.__version__
-assert onnx.__version__ == '1.17.0', onnx.__version__
+stack, req = sys.argv[1], open(sys.argv[2]).read()
+pins = dict(re.findall(r'^([\w-]+)==(\S+)', req, re.M))
+assert google.protobuf.__version__ == pins['protobuf'], google.protobuf.__version__
+assert onnx.__version__ == pins['onnx'], onnx.__version__
+assert mmdeploy.__version__ == pins['mmdeploy'], mmdeploy.__version__
 for module in (torch, mmcv, numpy, onnxruntime):
     assert module.__file__.startswith(stack), (module.__name__, module.__file__)
 ops = get_ops_path()
