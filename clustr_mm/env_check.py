@@ -8,11 +8,13 @@ interoperability, compiled mmcv ops) rather than assume it from a version.
 
 * :func:`check_core` runs when ``clustr_mm`` is imported: Python, torch,
   mmengine, numpy.
-* :func:`check_scope` runs, through :func:`install_scope_check`, when MMEngine
+* :func:`check_scope` runs when the tools load a config, and, through
+  :func:`install_scope_check`, when MMEngine
   first imports a task library's modules for a config's ``default_scope``
   (``mmdet``, ``mmseg``, ``mmpose``, ``mmpretrain``), i.e. before the library's
   own imports can fail: detection, segmentation and pose models need mmcv with
-  compiled ops (``mmcv._ext``) and mmcv < 2.2.
+  compiled ops (``mmcv._ext``) and mmcv < 2.2; and the library must import
+  (MMEngine would hide a missing dependency of it behind a registry KeyError).
 
 Self-contained on purpose (standard library only at import time), so it can
 run before anything that might break on an unsupported stack.
@@ -145,8 +147,13 @@ def check_scope(scope: str) -> None:
     dist, minimum, needs_ops = TASK_LIBS[scope]
     require(dist, installed_version(dist), minimum,
             why=f'Configs with default_scope={scope!r} need it.')
-    if not needs_ops:
-        return
+    if needs_ops:
+        check_mmcv_ops(dist)
+    import_scope(scope, dist)
+
+
+def check_mmcv_ops(dist: str) -> None:
+    """mmcv in the task libraries' range, with its compiled ops."""
     mmcv = installed_version('mmcv')
     why = (f'{dist} {installed_version(dist)} models import mmcv.ops; '
            "install the full 'mmcv' package (not mmcv-lite).")
@@ -160,6 +167,21 @@ def check_scope(scope: str) -> None:
             f'{mmcv} wheel for torch {installed_version("torch")}, or build '
             'it: MMCV_WITH_OPS=1 pip install --no-build-isolation '
             f'mmcv=={mmcv} (tools/setup_env.sh does this).')
+
+
+def import_scope(scope: str, dist: str) -> None:
+    """Import ``scope.utils`` as MMEngine will, but loudly: MMEngine turns
+    an ImportError anywhere inside it (a missing dependency such as
+    mmpretrain's ``modelindex``) into a '... is not installed' warning and a
+    later registry KeyError that never names the missing module."""
+    try:
+        importlib.import_module(f'{scope}.utils')
+    except ImportError as err:
+        raise UnsupportedEnvironmentError(
+            f'clustr_mm: {dist} {installed_version(dist)} is installed but '
+            f'does not import ({type(err).__name__}: {err}); configs with '
+            f'default_scope={scope!r} need it. Install the missing package '
+            '(tools/setup_env.sh installs the whole stack).') from err
 
 
 def install_scope_check() -> None:

@@ -174,7 +174,9 @@ def test_mmcv_nms_and_roi_align_cuda_equal_cpu():
                      aligned=True)
     outs = []
     for device in ('cpu', 'cuda'):
-        f = feat.to(device).requires_grad_()
+        # detach: on the CPU `.to` returns `feat` itself, which must not
+        # become a grad-requiring leaf that the CUDA copy would hang off
+        f = feat.to(device).detach().requires_grad_()
         out = align(f, rois.to(device))
         out.square().sum().backward()
         outs.append((out.detach().cpu(), f.grad.cpu()))

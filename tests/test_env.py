@@ -186,6 +186,21 @@ def test_scope_check_names_task_library_and_mmcv_range(monkeypatch):
         env_check.check_scope('mmdet')
 
 
+def test_scope_that_does_not_import_is_named(monkeypatch):
+    """A task library whose own import fails (seen on a GPU node without
+    mmpretrain's `modelindex`): MMEngine would warn 'mmpretrain is not
+    installed' and fail later on an unrelated registry KeyError."""
+    import sys
+
+    from clustr_mm import env_check
+    monkeypatch.setitem(sys.modules, 'mmpretrain.utils', None)
+    with pytest.raises(env_check.UnsupportedEnvironmentError,
+                       match=r"mmpretrain \S+ is installed but does not "
+                       r"import \(ModuleNotFoundError: import of "
+                       r"mmpretrain\.utils halted.*default_scope='mmpretrain'"):
+        env_check.check_scope('mmpretrain')
+
+
 def test_version_without_pip_metadata_comes_from_the_module(monkeypatch):
     """torch built from source or by conda may carry no dist-info."""
     import importlib.metadata as md

@@ -541,6 +541,21 @@ def test_a_config_path_in_a_library_that_does_not_exist_is_named(tmp_path):
         load_config(args)
 
 
+def test_a_task_library_that_does_not_import_is_named(monkeypatch):
+    """Seen on a GPU node without mmpretrain's `modelindex`: tools/train.py
+    ended on "UniversalVisualizer is not in the mmengine::visualizer
+    registry" after MMEngine's 'mmpretrain is not installed' warning."""
+    from clustr_mm.engine.launch import load_config
+    from clustr_mm.env_check import UnsupportedEnvironmentError
+    monkeypatch.setitem(sys.modules, 'mmpretrain.utils', None)
+    config = ROOT / 'configs' / 'paca' / 'paca-t_embedded-imagenet.py'
+    args = SimpleNamespace(config=str(config), cfg_options={},
+                           launcher='none', work_dir=None, local_rank=0)
+    with pytest.raises(UnsupportedEnvironmentError,
+                       match="mmpretrain .* is installed but does not import"):
+        load_config(args)
+
+
 # --- the tools themselves, in one batch -----------------------------------------
 @pytest.mark.slow
 def test_tools_refuse_what_used_to_pass_silently(tiny_data, tmp_path):

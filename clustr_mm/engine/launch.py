@@ -12,6 +12,7 @@ import re
 import torch
 from mmengine.config import Config, DictAction
 
+from ..env_check import check_scope
 from ..models.heads import LAZY_HEADS
 from ..registry import skip_note
 
@@ -63,6 +64,9 @@ def load_config(args: argparse.Namespace) -> Config:
         raise ValueError(
             f'{args.config}: default_scope must be one of {SCOPES}, got '
             f'{scope!r} (inherit a base config of the task library)')
+    # now, not when MMEngine first switches to the scope: it would hide a
+    # library that does not import behind a registry KeyError
+    check_scope(scope)
     cfg.launcher = args.launcher
     if args.work_dir is not None:
         cfg.work_dir = args.work_dir
