@@ -507,6 +507,26 @@ def test_benchmark_ratios_to_pvtv2():
     assert tool.Table(tool.parse_args([])).ratios(rows) == []
 
 
+def test_benchmark_profile_lists_the_ops_that_take_the_time():
+    """--profile: one forward's ops by self time, largest first, printed
+    under the row (the CUDA kernels on a GPU; aten ops here)."""
+    tool = load_tool('benchmark')
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU())
+    x = torch.randn(64, 256)
+    prof = tool.profile_top(lambda: model(x), lambda: None, 'cpu', rows=3)
+    names = [e['name'] for e in prof['top']]
+    assert 'aten::addmm' in names and len(names) <= 3, names
+    ms = [e['ms'] for e in prof['top']]
+    assert ms == sorted(ms, reverse=True) and ms[0] > 0
+    assert prof['total_ms'] >= sum(ms)
+    line = tool.Table(tool.parse_args(['--profile'])).row(dict(
+        model='paca-t', size='64x64', params_m=1.0, latency_s=0.1,
+        peak_forward_mem_mb=5.0, profile=prof))
+    assert 'profile:' in line and 'aten::addmm' in line, line
+    with pytest.raises(SystemExit):
+        tool.parse_args(['--census', '--profile'])
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason='a GPU is present')
 def test_benchmark_cuda_without_gpu_fails_clearly():

@@ -283,6 +283,30 @@ class BlockTimer:
             self.stack[-1][1] += spent
 
 
+def profile_top(forward, sync, device, rows=15):
+    """The ops (CUDA kernels on a GPU, aten ops on the CPU) with the most
+    self time in one eval forward, by torch.profiler: which kernels a slow
+    model spends its time in, where the traffic census only bounds it."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU]
+    if device == 'cuda':
+        activities.append(ProfilerActivity.CUDA)
+    with torch.no_grad(), profile(activities=activities) as prof:
+        forward()
+        sync()
+    events = list(prof.key_averages())
+    attr = 'self_cpu_time_total'
+    if device == 'cuda':  # self device time: the kernels (torch < 2.4: cuda)
+        attr = ('self_device_time_total' if events and hasattr(
+            events[0], 'self_device_time_total') else 'self_cuda_time_total')
+    events = [e for e in events if getattr(e, attr) > 0]
+    events.sort(key=lambda e: -getattr(e, attr))
+    total = sum(getattr(e, attr) for e in events)
+    return dict(total_ms=total / 1e3, top=[
+        dict(name=e.key[:90], ms=getattr(e, attr) / 1e3, calls=e.count)
+        for e in events[:rows]])
+
+
 def set_precision(model, precision):
     """The fused clustering's distance products in every DPC-kNN reducer."""
     from clustr_mm.models.layers.dpc_knn import DPCKNN
@@ -424,6 +448,8 @@ def measure(name, size, args):
             sync()
             total = time.perf_counter() - t0
         result['breakdown_s'] = dict(timer.totals, total=total)
+    if args.profile:
+        result['profile'] = profile_top(forward, sync, args.device)
     if args.flops:
         from clustr_mm.analysis.flops import analyze_flops
         by_op = analyze_flops(model, x).by_operator
@@ -476,7 +502,7 @@ def run_child(name, size, args):
            '--compile', args.compile, '--precision', args.precision,
            '--runtime', args.runtime]
     cmd += [f'--{f}' for f in ('train-step', 'with-cp', 'flops', 'breakdown',
-                                'census', 'traffic')
+                                'profile', 'census', 'traffic')
             if getattr(args, f.replace('-', '_'))]
     if args.scale_batch:
         cmd += ['--scale-batch', str(args.scale_batch)]
@@ -589,6 +615,12 @@ class Table:
                     f'{r["peak_forward_mem_mb"]:9.0f}')
         if self.args.flops:
             line += (f' {r["gflops"]:7.1f} {r["gflops_per_s"]:8.1f}')
+        if 'profile' in r:
+            p = r['profile']
+            line += (f'\n    profile: {p["total_ms"]:.1f} ms of self time '
+                     'in one forward; the most:')
+            line += ''.join(f'\n      {e["ms"]:9.2f} ms {e["calls"]:5d}x  '
+                            f'{e["name"]}' for e in p['top'])
         if 'breakdown_s' in r:
             line += '\n    ' + ', '.join(f'{k} {v:.3f}s'
                                          for k, v in r['breakdown_s'].items())
@@ -657,8 +689,8 @@ def check_onnxruntime_args(parser, args):
     if args.compile != 'none':
         clash.append(f'--compile {args.compile}')
     clash += ['--' + f.replace('_', '-') for f in (
-        'train_step', 'with_cp', 'flops', 'breakdown', 'census', 'traffic',
-        'plot') if getattr(args, f)]
+        'train_step', 'with_cp', 'flops', 'breakdown', 'profile', 'census',
+        'traffic', 'plot') if getattr(args, f)]
     if clash:
         parser.error('--runtime onnxruntime times fp32 eval forwards of the '
                      'eager and the exported backbone; it does not combine '
@@ -722,6 +754,10 @@ def parse_args(argv):
                         help='count FLOPs (attention and clustering included)')
     parser.add_argument('--breakdown', action='store_true',
                         help='time spent in clustering / attention / MLP')
+    parser.add_argument('--profile', action='store_true',
+                        help='also profile one eval forward (torch.profiler):'
+                        ' the ops with the most self time (CUDA kernels on '
+                        'a GPU)')
     parser.add_argument('--timeout', type=int, default=1800,
                         help='seconds per (model, size) child')
     parser.add_argument('--out', help='write all results as JSON here')
@@ -743,15 +779,15 @@ def parse_args(argv):
         parser.error(f'--threads must be an int >= 1 (torch threads of each '
                      f'measurement), got {args.threads}')
     if args.census:
-        clash = [f for f in ('train_step', 'flops', 'breakdown', 'plot')
-                 if getattr(args, f)]
+        clash = [f for f in ('train_step', 'flops', 'breakdown', 'profile',
+                             'plot') if getattr(args, f)]
         if clash:
             parser.error('--census counts the ops of one eval forward; it '
                          'does not combine with ' +
                          ', '.join('--' + f.replace('_', '-') for f in clash))
     if args.traffic:
-        clash = [f for f in ('census', 'flops', 'breakdown', 'plot')
-                 if getattr(args, f)]
+        clash = [f for f in ('census', 'flops', 'breakdown', 'profile',
+                             'plot') if getattr(args, f)]
         if clash:
             parser.error('--traffic counts the ops of one call; it does not '
                          'combine with ' + ', '.join(
@@ -761,8 +797,8 @@ def parse_args(argv):
         parser.error(f'--scale-batch takes a batch >= 1 and needs '
                      f'--traffic, got {args.scale_batch}')
     if args.compile != 'none':
-        clash = [f for f in ('census', 'traffic', 'flops', 'breakdown')
-                 if getattr(args, f)]
+        clash = [f for f in ('census', 'traffic', 'flops', 'breakdown',
+                             'profile') if getattr(args, f)]
         if clash:
             parser.error('--compile times the compiled model; ' +
                          ', '.join('--' + f for f in clash) +
