@@ -94,7 +94,9 @@ def test_bf16_autocast_casts_only_weights_image_and_fp32_island(mode):
 def test_clustr_s_census_grows_little_with_the_image():
     cfg = dict(type='ClusTR', arch=NARROW_S, clustering_mode='window')
     base = _census(cfg, (224, 224))['ops']
-    for hw in [(512, 512), (800, 1344)]:
+    # 480x800: detection's aspect, border windows both ways (120 x 200 tokens
+    # in 56-token windows), at a third of 800x1344's CPU time
+    for hw in [(512, 512), (480, 800)]:
         counted = _census(cfg, hw)
         assert counted['host_syncs'] == 0, (hw, counted['by_op'])
         assert counted['ops'] <= 1.3 * base, (hw, counted['ops'], base)
