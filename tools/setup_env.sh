@@ -145,7 +145,13 @@ else
 sys.exit(0 if (int(v[0]), int(v[1])) >= (2, 5) else 1)'; then
       sed -i 's/-std=c++17/-std=c++20/g' "$SRC/setup.py"
     fi
-    export "${MMCV_BUILD_ENV[@]}" MAX_JOBS="${MAX_JOBS:-$(nproc)}"
+    # -g0: no debug info. It halves the compile time of mmcv's C++ files
+    # (ball_query.cpp 41-48 s -> 19 s, 2026-11-26) and changes nothing the
+    # ops compute. A CFLAGS variable replaces Python's own flags (-O3 among
+    # them) rather than adding to them, so it starts from those.
+    PY_CFLAGS=$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("CFLAGS") or "")')
+    export "${MMCV_BUILD_ENV[@]}" MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
+      CFLAGS="${CFLAGS:-$PY_CFLAGS} -g0"
     LOG="$BUILD/build.log"
     ( cd "$SRC" && "${PIP[@]}" wheel -v --no-deps --no-build-isolation -w "$BUILD/dist" . ) \
       >"$LOG" 2>&1 &
