@@ -7,6 +7,7 @@ exact, so cluster ids must be equal. The interpreter accepts kernels a GPU
 compiler would reject, so the kernels are also compiled ahead of time for
 sm_80 and sm_90 (Triton bundles ptxas).
 """
+import collections
 import json
 import os
 import re
@@ -324,6 +325,17 @@ def test_fused_op_is_one_op_with_shapes_and_flops():
             assert fake.shape == (2, 4, 30) and fake.dtype == torch.long
 
 
+def ptx_instruction_census(ptx):
+    """Static PTX instructions by kind: the distance products' FMAs against
+    the k-nearest selection's compares, selects, warp shuffles and barriers
+    (docs/benchmarks.md, the first GPU figures: where ClusTR's time goes)."""
+    ops = collections.Counter(
+        m.group(1).split('.')[0] for m in re.finditer(
+            r'^\s+(?:@!?%p\d+\s+)?([a-z][\w.]*)', ptx, re.M))
+    kinds = ('fma', 'setp', 'selp', 'shfl', 'bar')
+    return dict(total=sum(ops.values()), **{k: ops[k] for k in kinds})
+
+
 def _ptxas_usage(kernel, arch):
     """(registers, spill store bytes, spill load bytes) from ptxas -v."""
     from triton.backends.nvidia.compiler import get_ptxas
@@ -397,6 +409,8 @@ def compile_and_check(arch):
                                 options=dict(num_warps=warps))
         assert kernel.asm['cubin'][:4] == b'\x7fELF'
         usage[name] = _ptxas_usage(kernel, arch)
+        print(f'sm_{arch} {name} PTX instructions: '
+              f'{ptx_instruction_census(kernel.asm["ptx"])}')
     print(f'sm_{arch} (registers, spill stores, spill loads): {usage}')
     for name, (regs, stores, loads) in usage.items():
         # pass 1 with 3xTF32 on sm_80 (mma.sync: the hi and lo halves of
