@@ -12,7 +12,7 @@
 # Override the venv path with CLUSTR_MM_VENV, the base interpreter with
 # CLUSTR_MM_PYTHON.
 #
-# The mmcv 2.1.0 wheel (12-18 min to compile on 2 cores) is cached outside the
+# The mmcv 2.1.0 wheel (about 16 min to compile on 2 cores) is cached outside the
 # repo in ${CLUSTR_MM_CACHE:-~/.cache/clustr_mm}, keyed by mmcv, torch, python
 # and device flavour, so the build happens once per machine and stack.
 #
@@ -134,7 +134,7 @@ else
   WHEEL_DIR="$CACHE/mmcv-$MMCV_VERSION-torch$TORCH_V-$PY_TAG-$WHEEL_KEY"
   if ! ls "$WHEEL_DIR"/mmcv-*.whl >/dev/null 2>&1; then
     BUILD=$(mktemp -d)
-    echo "[setup_env] building mmcv from source ($FLAVOUR ops); 12-18 min on 2 cores, once per machine"
+    echo "[setup_env] building mmcv from source ($FLAVOUR ops); about 16 min on 2 cores (CPU ops), once per machine"
     "${PIP[@]}" download -q --no-deps --no-binary :all: --no-build-isolation \
       "mmcv==$MMCV_VERSION" -d "$BUILD"
     tar -xzf "$BUILD"/mmcv-*.tar.gz -C "$BUILD"
