@@ -152,6 +152,16 @@ sys.exit(0 if (int(v[0]), int(v[1])) >= (2, 5) else 1)'; then
     PY_CFLAGS=$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("CFLAGS") or "")')
     export "${MMCV_BUILD_ENV[@]}" MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
       CFLAGS="${CFLAGS:-$PY_CFLAGS} -g0"
+    if [ "$FLAVOUR" = cuda ]; then
+      # torch's CUDA headers include the CUDA libraries' (cusparse.h,
+      # cublas_v2.h, ...); a node with nvcc alone lacks them (seen here,
+      # nvcc 13.0: "fatal error: cusparse.h"). torch's own nvidia-* wheels
+      # carry them, matching its CUDA: searched after the toolkit's.
+      NV_INC=$("$PY" -c 'import glob, os, sysconfig
+print(os.pathsep.join(sorted(glob.glob(os.path.join(
+    sysconfig.get_paths()["purelib"], "nvidia", "*", "include")))))')
+      export CPATH="${CPATH:+$CPATH:}$NV_INC"
+    fi
     LOG="$BUILD/build.log"
     ( cd "$SRC" && "${PIP[@]}" wheel -v --no-deps --no-build-isolation -w "$BUILD/dist" . ) \
       >"$LOG" 2>&1 &
