@@ -24,7 +24,7 @@ import importlib.metadata
 import importlib.util
 import re
 import sys
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 #: What the code needs, mirrored by setup.py's requirements and extras.
 PYTHON = ((3, 9), None)
@@ -184,6 +184,22 @@ def import_scope(scope: str, dist: str) -> None:
             '(tools/setup_env.sh installs the whole stack).') from err
 
 
+def location_failure(scope: str, name: str, locations: List[str],
+                     err: Exception) -> str:
+    """The message for a registry whose modules do not import: seen with
+    mmpretrain 1.2.0's multimodal models under a transformers it does not
+    support (a bare ``TypeError: NoneType takes no arguments``)."""
+    where = ', '.join(locations) or f'{scope}.utils'
+    dist = TASK_LIBS[scope][0] if scope in TASK_LIBS else scope
+    version = installed_version(dist)
+    lib = f'{dist} {version}' if version else dist
+    return (f'clustr_mm: the modules of the {scope!r} {name} registry '
+            f'({where}) do not import: {type(err).__name__}: {err}. {lib} '
+            'or a package it imports is broken or a version it does not '
+            'support; the traceback above names the file (tools/setup_env.sh '
+            'installs a stack that imports).')
+
+
 def install_scope_check() -> None:
     """Run :func:`check_scope` before MMEngine imports a scope's modules.
 
@@ -198,9 +214,17 @@ def install_scope_check() -> None:
         return
 
     def import_from_location(self):
-        if not self._imported:
-            check_scope(self.scope)
-        return original(self)
+        if self._imported:
+            return original(self)
+        check_scope(self.scope)
+        try:
+            return original(self)
+        except UnsupportedEnvironmentError:
+            raise
+        except Exception as err:
+            raise UnsupportedEnvironmentError(
+                location_failure(self.scope, self.name,
+                                 list(self._locations), err)) from err
 
     import_from_location._clustr_mm_checked = True
     import_from_location.__wrapped__ = original

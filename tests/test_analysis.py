@@ -576,6 +576,23 @@ def test_train_speed_times_the_asked_input_size(tiny_data, tmp_path):
     assert result['peak_mem_mb'] > 0
 
 
+def test_train_speed_fixes_the_size_of_a_multi_scale_crop_pipeline():
+    """The PaCa ms-1x configs pick between multi-scale resizes and a
+    resize-crop-resize branch (``RandomChoice``): the whole choice becomes
+    the one fixed Resize (it was refused on the GPU, 2026-11-26)."""
+    from conftest import load_config
+    speed = load_tool('train_speed')
+    cfg = load_config('configs/paca/mask-rcnn_paca-s_fpn_ms-1x_coco.py')
+    dataset = cfg.train_dataloader.dataset
+    assert speed.fix_input_size(dataset, (1333, 800)) == 1
+    types = [t['type'] for t in dataset.pipeline]
+    assert 'RandomChoice' not in types and 'RandomCrop' not in str(dataset)
+    resize = dataset.pipeline[types.index('Resize')]
+    assert resize == dict(type='Resize', scale=(1333, 800), keep_ratio=False)
+    assert not speed.has_resize(dict(type='RandomChoice', transforms=[[dict(
+        type='RandomFlip')]]))
+
+
 @pytest.mark.slow
 def test_train_speed_clear_errors(tmp_path):
     bad = _train_speed(['configs/clustr/clustr-t_embedded-imagenet.py',

@@ -201,6 +201,31 @@ def test_scope_that_does_not_import_is_named(monkeypatch):
         env_check.check_scope('mmpretrain')
 
 
+def test_registry_whose_modules_do_not_import_is_named(tmp_path,
+                                                       monkeypatch):
+    """A task library that imports but whose registry's modules raise
+    something other than ImportError (mmpretrain 1.2.0's multimodal models
+    under a newer transformers on a GPU image: a bare TypeError)."""
+    import sys
+
+    from mmengine.registry import Registry
+
+    import clustr_mm  # noqa: F401  (installs the check)
+    from clustr_mm import env_check
+    (tmp_path / 'broken_models_xyz.py').write_text(
+        'class Bert(None):\n    pass\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = Registry('model', scope='broken_scope_xyz',
+                        locations=['broken_models_xyz'])
+    with pytest.raises(env_check.UnsupportedEnvironmentError,
+                       match=r"'broken_scope_xyz' model registry "
+                       r"\(broken_models_xyz\) do not import: TypeError: "
+                       r"NoneType takes no arguments") as info:
+        registry.get('Anything')
+    assert isinstance(info.value.__cause__, TypeError)
+    sys.modules.pop('broken_models_xyz', None)
+
+
 def test_version_without_pip_metadata_comes_from_the_module(monkeypatch):
     """torch built from source or by conda may carry no dist-info."""
     import importlib.metadata as md

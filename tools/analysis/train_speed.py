@@ -15,7 +15,9 @@ changes, all for speed alone:
   ``RandomResize``, ``RandomChoiceResize``) becomes a ``Resize`` to exactly
   W x H without keeping the aspect ratio, so every image has that size
   whatever the dataset (the embedded COCO images too: synthetic-size
-  inputs);
+  inputs); a random choice of transforms with a resize among them (the
+  multi-scale and crop augmentation of the ``ms-1x`` configs) becomes that
+  one ``Resize`` too, since its crops would change the size again;
 * ``--batch``: images per iteration;
 * the backbone's ``init_cfg`` is dropped: random weights, no checkpoint or
   download needed.
@@ -50,6 +52,19 @@ from clustr_mm.engine.cli_args import (  # noqa: E402
 from clustr_mm.engine.short_run import run_short  # noqa: E402
 
 RESIZES = ('Resize', 'RandomResize', 'RandomChoiceResize')
+# transforms that pick among or wrap others (mmcv.transforms.wrappers)
+CHOICES = ('RandomChoice', 'RandomApply', 'Compose')
+
+
+def has_resize(transform) -> bool:
+    """Whether ``transform`` (a dict, or a list of them) is or contains a
+    resize of :data:`RESIZES`."""
+    if isinstance(transform, (list, tuple)):
+        return any(has_resize(t) for t in transform)
+    if not isinstance(transform, dict):
+        return False
+    return (transform.get('type') in RESIZES
+            or has_resize(transform.get('transforms')))
 
 
 def load(config: str) -> Config:
@@ -63,8 +78,9 @@ def load(config: str) -> Config:
 
 
 def fix_input_size(dataset, size) -> int:
-    """Replace the resizes of every pipeline under ``dataset`` (wrappers
-    included) by a Resize to ``size`` = (W, H); returns how many."""
+    """Replace the resizes of every pipeline under ``dataset`` (dataset
+    wrappers included), and the random choices among transforms that hold
+    one, by a Resize to ``size`` = (W, H); returns how many."""
     done = 0
     if isinstance(dataset, (list, tuple)):
         return sum(fix_input_size(d, size) for d in dataset)
@@ -73,7 +89,8 @@ def fix_input_size(dataset, size) -> int:
     pipeline = dataset.get('pipeline')
     if isinstance(pipeline, list):
         for i, t in enumerate(pipeline):
-            if isinstance(t, dict) and t.get('type') in RESIZES:
+            if (isinstance(t, dict) and t.get('type') in RESIZES + CHOICES
+                    and has_resize(t)):
                 pipeline[i] = dict(type='Resize', scale=tuple(size),
                                    keep_ratio=False)
                 done += 1

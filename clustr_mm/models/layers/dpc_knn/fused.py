@@ -2,13 +2,17 @@
 never write the distance block (the remedy FlashAttention made for
 attention).
 
-* Pass 1 (:func:`_knn_kernel`, :func:`_merge_kernel`): each row keeps its
-  k smallest squared distances (self included), its largest distance to a
-  real token and its first near-duplicate. Distances are symmetric, so row
-  block I computes only the tiles (I, J >= I) on chip and folds each into
-  its rows and, for J > I, into small partial results for the tile's columns
-  (k values per column), which a second kernel merges into row block J's:
-  about half the distance products of a full pass.
+* Pass 1 (:func:`_knn_kernel`): each row block scans every column tile,
+  its own first, and keeps its rows' k smallest squared distances (self
+  included), largest distance to a real token and first near-duplicate. A
+  tile gives up only as many smallest values as its row with the most
+  entries under that row's current k-th nearest has, so after the first
+  tiles most give up none or one (the k-nearest selection, not the distance
+  products, was what pass 1 spent its time on; docs/benchmarks.md). It
+  computes each distance in both orientations, bitwise equal with IEEE
+  products (one FMA chain per entry over the channels in order; a*b and
+  sq_i + sq_j commute); with 'tf32x3' they may differ by round-off within
+  the tie threshold.
 * Pass 2 (:func:`_denser_kernel`): rows and columns in density order, so a
   row block scans only the columns before it (the denser tokens): the
   smallest squared distance to a denser token.
@@ -35,6 +39,7 @@ that are not on CUDA the op computes with the blocked backend under
 (``TRITON_INTERPRET=1`` before this module is imported), which runs the
 kernels on the CPU for tests.
 """
+import functools
 import os
 from typing import List, Optional, Sequence
 
@@ -57,13 +62,13 @@ HAS_CUSTOM_OP = hasattr(torch.library, 'custom_op')
 # before the kernels are defined.
 INTERPRET = os.environ.get('TRITON_INTERPRET') == '1'
 
-# Tiles: BLOCK x BLOCK distances (square: pass 1 uses a tile for its rows
-# and its columns), BLOCK_C channels per product step.
+# Tiles: BLOCK x BLOCK distances, BLOCK_C channels per product step.
 BLOCK, BLOCK_C = 64, 16
-# Warps per kernel: pass 1 keeps two folds of a tile live, and at fewer
-# than 16 warps it runs at or over the register limit (ptxas figures in
-# docs/benchmarks.md).
-KNN_WARPS, MERGE_WARPS, DENSER_WARPS = 16, 4, 8
+# Warps per kernel. Pass 1 on an H200 (sm_90) at ClusTR-S's stage 1 took
+# 19 ms (ieee) / 6 ms (tf32x3) at 4 warps, 31 / 16 at 8 and 33 / 22 at 16
+# (docs/benchmarks.md); at 4 it has 255 registers and no spills there, but
+# spills on sm_80, which gets 8 (no spills; its speed is not measured).
+KNN_WARPS_SM90, KNN_WARPS_OTHER, DENSER_WARPS = 4, 8, 8
 
 
 if triton is not None:
@@ -101,31 +106,9 @@ if triton is not None:
                         v[:, None], best)
 
     @triton.jit
-    def _fold(d, index, tie, best, top, first, n, K: tl.constexpr,
-              AXIS: tl.constexpr):
-        """Fold a square distance tile into results per token along
-        ``AXIS`` (1: the tile's rows, reducing over its columns; 0: its
-        columns): K smallest values kept in ``best``, largest finite value
-        ``top``, smallest index of the other side (``index``) within the
-        token's tie threshold ``tie``."""
-        lane = tl.arange(0, d.shape[0])
-        slot = tl.arange(0, best.shape[1])
-        near = d <= tl.expand_dims(tie, AXIS)
-        dup = tl.where(near, tl.expand_dims(index, 1 - AXIS), n)
-        first = tl.minimum(first, tl.min(dup, axis=AXIS))
-        finite = tl.where(d < float('inf'), d, 0.0)
-        top = tl.maximum(top, tl.max(finite, axis=AXIS))
-        for _ in tl.static_range(K):  # move the tile's K smallest into best
-            v, at = tl.min(d, axis=AXIS, return_indices=True)
-            taken = tl.expand_dims(lane, 1 - AXIS) == tl.expand_dims(at, AXIS)
-            d = tl.where(taken, float('inf'), d)
-            best = _keep(best, v, slot)
-        return best, top, first
-
-    @triton.jit
     def _no_results(BLOCK: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
                     n):
-        """Empty results of :func:`_fold` for BLOCK tokens; slots past K
+        """Empty results of :func:`_knn_kernel` for BLOCK tokens; slots past K
         hold -inf, so they are never the largest kept value."""
         slot = tl.arange(0, KP)
         best = tl.where(slot[None, :] < K,
@@ -151,83 +134,43 @@ if triton is not None:
 
     @triton.jit
     def _knn_kernel(x_ptr, sq_ptr, ok_ptr, tie_ptr, knn_ptr, rowmax_ptr,
-                    first_ptr, part_ptr, ptop_ptr, pfirst_ptr, n, C,
-                    K: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr,
-                    BLOCK_C: tl.constexpr, PRECISION: tl.constexpr):
-        """Pass 1 over the tiles (I, J >= I) of row block I: for its rows,
-        the K smallest squared distances (ascending; +inf past a window's
-        tokens), the largest one to a real token (0 at least) and the first
-        column within the row's tie threshold; for the columns of each tile
-        J > I, the same over the tile's rows (the pairs row block J does
-        not compute), to partial results of tile number J (J - 1) / 2 + I,
-        which :func:`_merge_kernel` folds in. Each pair of different blocks
-        is computed once, and both its tokens see that value; it is bitwise
-        what the other orientation would give (an IEEE fp32 ``tl.dot``
-        lowers to one FMA chain per entry over the channels in order, and
-        a*b, sq_i + sq_j commute); with 'tf32x3' the two orientations
-        may differ by round-off within the tie threshold, and each pair is
-        still computed once. Grid: (windows, row blocks)."""
+                    first_ptr, n, C, K: tl.constexpr, KP: tl.constexpr,
+                    BLOCK: tl.constexpr, BLOCK_C: tl.constexpr,
+                    PRECISION: tl.constexpr):
+        """Pass 1: row block I folds every tile (I, J), its own first (in
+        raster order its neighbours fill the k nearest early), into its
+        rows' K smallest squared distances (ascending; +inf past a window's
+        tokens), largest distance to a real token (0 at least) and first
+        column within the tie threshold. From a tile it pops only as many
+        smallest values as the row with the most entries under its current
+        K-th nearest has (at most K): the others could not enter, so the K
+        kept are exactly those of folding all of them. Grid: (windows, row
+        blocks)."""
         g = tl.program_id(0).to(tl.int64)
         blk = tl.program_id(1)
-        start = blk * BLOCK
-        lane = tl.arange(0, BLOCK)
-        rows = start + lane
-        base = g * n
-        tie = tl.load(tie_ptr + base + rows, mask=rows < n, other=0.0)
-        best, top, first = _no_results(BLOCK, K, KP, n)
-        d = _distance_tile(x_ptr, sq_ptr, ok_ptr, base, rows, rows, n, C,
-                           BLOCK_C, PRECISION)
-        best, top, first = _fold(d, rows, tie, best, top, first, n, K, 1)
-        tiles = tl.cdiv(n, BLOCK)
-        part = g * (tiles * (tiles - 1) // 2)
-        for c0 in range(start + BLOCK, n, BLOCK):
-            cols = c0 + lane
-            d = _distance_tile(x_ptr, sq_ptr, ok_ptr, base, rows, cols, n,
-                               C, BLOCK_C, PRECISION)
-            tie_c = tl.load(tie_ptr + base + cols, mask=cols < n, other=0.0)
-            cbest, ctop, cfirst = _no_results(BLOCK, K, KP, n)
-            cbest, ctop, cfirst = _fold(d, rows, tie_c, cbest, ctop, cfirst,
-                                        n, K, 0)
-            j = c0 // BLOCK
-            at = (part + j * (j - 1) // 2 + blk) * BLOCK + lane
-            slot = tl.arange(0, KP)
-            tl.store(part_ptr + at[:, None] * K + slot[None, :], cbest,
-                     mask=slot[None, :] < K)
-            tl.store(ptop_ptr + at, ctop)
-            tl.store(pfirst_ptr + at, cfirst)
-            best, top, first = _fold(d, cols, tie, best, top, first, n, K,
-                                     1)
-        _store_results(knn_ptr, rowmax_ptr, first_ptr, base, rows, best, top,
-                       first, n, K)
-
-    @triton.jit
-    def _merge_kernel(knn_ptr, rowmax_ptr, first_ptr, part_ptr, ptop_ptr,
-                      pfirst_ptr, n, K: tl.constexpr, KP: tl.constexpr,
-                      BLOCK: tl.constexpr):
-        """Pass 1, second step: row block J = 1, 2, ... folds the partial
-        results of the tiles (I < J, J) into its rows' results, in place.
-        Grid: (windows, row blocks - 1)."""
-        g = tl.program_id(0).to(tl.int64)
-        blk = tl.program_id(1) + 1
         lane = tl.arange(0, BLOCK)
         slot = tl.arange(0, KP)
         rows = blk * BLOCK + lane
-        rmask = rows < n
         base = g * n
-        best = tl.load(knn_ptr + (base + rows)[:, None] * K + slot[None, :],
-                       mask=rmask[:, None] & (slot[None, :] < K),
-                       other=float('inf'))
-        best = tl.where(slot[None, :] < K, best, float('-inf'))
-        top = tl.load(rowmax_ptr + base + rows, mask=rmask, other=0.0)
-        first = tl.load(first_ptr + base + rows, mask=rmask, other=0)
+        tie = tl.load(tie_ptr + base + rows, mask=rows < n, other=0.0)
+        best, top, first = _no_results(BLOCK, K, KP, n)
         tiles = tl.cdiv(n, BLOCK)
-        part = g * (tiles * (tiles - 1) // 2) + blk * (blk - 1) // 2
-        for i in range(0, blk):
-            at = (part + i) * BLOCK + lane
-            for s in tl.static_range(K):
-                best = _keep(best, tl.load(part_ptr + at * K + s), slot)
-            top = tl.maximum(top, tl.load(ptop_ptr + at))
-            first = tl.minimum(first, tl.load(pfirst_ptr + at))
+        for j in range(0, tiles):
+            cols = ((blk + j) % tiles) * BLOCK + lane
+            d = _distance_tile(x_ptr, sq_ptr, ok_ptr, base, rows, cols, n,
+                               C, BLOCK_C, PRECISION)
+            near = d <= tie[:, None]
+            first = tl.minimum(first,
+                               tl.min(tl.where(near, cols[None, :], n), 1))
+            top = tl.maximum(top, tl.max(tl.where(d < float('inf'), d, 0.0),
+                                         1))
+            worst = tl.max(best, axis=1)
+            under = tl.sum((d < worst[:, None]).to(tl.int32), axis=1)
+            pops = tl.minimum(tl.max(under, axis=0), K)
+            for _ in range(pops):
+                v, at = tl.min(d, axis=1, return_indices=True)
+                d = tl.where(lane[None, :] == at[:, None], float('inf'), d)
+                best = _keep(best, v, slot)
         _store_results(knn_ptr, rowmax_ptr, first_ptr, base, rows, best, top,
                        first, n, K)
 
@@ -253,29 +196,28 @@ if triton is not None:
         tl.store(out_ptr + base + rows, nearest, mask=rows < n)
 
 
+@functools.lru_cache(maxsize=None)
+def knn_warps(device: torch.device) -> int:
+    """Warps of pass 1 on ``device`` (by compute capability)."""
+    if device.type != 'cuda':  # Triton's interpreter
+        return KNN_WARPS_SM90
+    major, _ = torch.cuda.get_device_capability(device)
+    return KNN_WARPS_SM90 if major >= 9 else KNN_WARPS_OTHER
+
+
 def _knn_pass(x: torch.Tensor, sq: torch.Tensor, ok: torch.Tensor,
               tie: torch.Tensor, k: int, precision: str):
     """Pass 1 on (G, n, C) tokens: (G, n, k) k smallest squared distances
     ascending, (G, n) largest distance to a real token, (G, n) int32 first
     column within the tie threshold."""
     g, n, c = x.shape
-    tiles = triton.cdiv(n, BLOCK)
     knn_d = x.new_empty(g, n, k)
     rowmax = x.new_empty(g, n)
     first = torch.empty(g, n, dtype=torch.int32, device=x.device)
-    pairs = g * (tiles * (tiles - 1) // 2)
-    part = x.new_empty(pairs, BLOCK, k)
-    ptop = x.new_empty(pairs, BLOCK)
-    pfirst = torch.empty(pairs, BLOCK, dtype=torch.int32, device=x.device)
-    kp = triton.next_power_of_2(k)
-    _knn_kernel[(g, tiles)](x, sq, ok, tie, knn_d, rowmax, first, part, ptop,
-                            pfirst, n, c, K=k, KP=kp, BLOCK=BLOCK,
-                            BLOCK_C=BLOCK_C, PRECISION=precision,
-                            num_warps=KNN_WARPS)
-    if tiles > 1:
-        _merge_kernel[(g, tiles - 1)](knn_d, rowmax, first, part, ptop,
-                                      pfirst, n, K=k, KP=kp, BLOCK=BLOCK,
-                                      num_warps=MERGE_WARPS)
+    _knn_kernel[(g, triton.cdiv(n, BLOCK))](
+        x, sq, ok, tie, knn_d, rowmax, first, n, c, K=k,
+        KP=triton.next_power_of_2(k), BLOCK=BLOCK, BLOCK_C=BLOCK_C,
+        PRECISION=precision, num_warps=knn_warps(x.device))
     return knn_d, rowmax, first
 
 
@@ -337,13 +279,13 @@ def _dpc_knn(x: torch.Tensor, invalid: Optional[torch.Tensor],
 
 def dpc_knn_flops(g: int, n: int, c: int, centers: int) -> int:
     """FLOPs of the op (2 per multiply-add, ``torch.utils.flop_counter``'s
-    convention), as the kernels compute them: per row block starting at
-    token s, pass 1 pairs its rows with tokens s.. (each pair of different
-    blocks once), pass 2 with tokens ..s + BLOCK (the denser ones, whole
-    tiles); then the distances to the centers."""
-    pairs = sum(min(BLOCK, n - s) * (n - s + min(n, s + BLOCK))
-                for s in range(0, n, BLOCK))
-    return 2 * g * (c * pairs + n * centers * (c + 2))
+    convention), as the kernels compute them: pass 1 pairs every token with
+    every token; pass 2 a row block starting at token s with tokens
+    ..s + BLOCK (the denser ones, whole tiles); then the distances to the
+    centers."""
+    denser = sum(min(BLOCK, n - s) * min(n, s + BLOCK)
+                 for s in range(0, n, BLOCK))
+    return 2 * g * (c * (n * n + denser) + n * centers * (c + 2))
 
 
 if HAS_CUSTOM_OP:
