@@ -161,6 +161,15 @@ sys.exit(0 if (int(v[0]), int(v[1])) >= (2, 5) else 1)'; then
 print(os.pathsep.join(sorted(glob.glob(os.path.join(
     sysconfig.get_paths()["purelib"], "nvidia", "*", "include")))))')
       export CPATH="${CPATH:+$CPATH:}$NV_INC"
+      # torch takes CUDA_HOME from `which nvcc`'s parent; an nvcc that is a
+      # wrapper script (/usr/local/bin/nvcc here) gives /usr/local, without
+      # the toolkit's headers (crt/host_defines.h) or lib64/libcudart. The
+      # toolkit nvcc itself runs from is TOP in its dry run.
+      if [ -z "${CUDA_HOME:-}" ]; then
+        TOP=$( { nvcc --dryrun -x cu -c /dev/null -o /dev/null 2>&1 || true; } | sed -n 's/^#\$ TOP=//p' | head -n 1)
+        if [ -n "$TOP" ]; then export CUDA_HOME="$(cd "$TOP" && pwd -P)"; fi
+      fi
+      echo "[setup_env]   CUDA build with CUDA_HOME=${CUDA_HOME:-unset} ($(nvcc --version | tail -n 2 | head -n 1))"
     fi
     LOG="$BUILD/build.log"
     ( cd "$SRC" && "${PIP[@]}" wheel -v --no-deps --no-build-isolation -w "$BUILD/dist" . ) \
