@@ -206,7 +206,9 @@ def install_scope_check() -> None:
     Wraps ``mmengine.registry.Registry.import_from_location`` once; that is
     where a config's ``default_scope`` library gets imported (and where a
     missing ``mmcv._ext`` would otherwise surface as a bare
-    ``ModuleNotFoundError``).
+    ``ModuleNotFoundError``). Any other failure to import the registry's
+    modules is raised as :class:`UnsupportedEnvironmentError` naming the
+    scope and the error (:func:`location_failure`).
     """
     from mmengine.registry import Registry
     original = Registry.import_from_location
