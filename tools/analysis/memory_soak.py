@@ -16,12 +16,20 @@ Reported, in MiB:
   slope of RSS over all iterations after the warm-up, in KiB per iteration.
 
 Medians over a window keep one iteration's transient allocations out of the
-two end points. Prints one ``[memory-soak] {json}`` line; with
+two end points. glibc's malloc raises its mmap threshold as large blocks are
+freed and then keeps freed tensor buffers in the heap, which made single
+iterations swing by 30 MiB (2026-11-26, 2-core CPU, four runs side by side)
+and once moved the median by 12 MiB. The tool therefore fixes the threshold
+(``--mmap-threshold-kib``, default 128, glibc's initial value; 0 leaves
+malloc's dynamic threshold alone): buffers above it are returned when freed,
+and the RSS follows live memory within about 2 MiB. Other C libraries are
+left as they are; the JSON line says which threshold applied. Prints one ``[memory-soak] {json}`` line; with
 ``--max-growth-mb`` exits 1 when the growth exceeds it. Data loader worker
 processes (``num_workers`` > 0) are not counted: the embedded configs load in
 the main process.
 """
 import argparse
+import ctypes
 import json
 import os
 import os.path as osp
@@ -38,6 +46,21 @@ from clustr_mm.engine.launch import add_common_args, load_config  # noqa: E402
 from clustr_mm.engine.short_run import run_short  # noqa: E402
 
 MIB = 1024 * 1024
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
+
+
+def fix_mmap_threshold(kib: int):
+    """Fix glibc's mmap threshold at ``kib`` KiB; return it, or None where
+    the C library has no ``mallopt`` or refuses (then RSS is as noisy as
+    the allocator makes it)."""
+    if kib <= 0:
+        return None
+    try:
+        libc = ctypes.CDLL(None)
+        return kib if libc.mallopt(M_MMAP_THRESHOLD, kib * 1024) == 1 \
+            else None
+    except (OSError, AttributeError):
+        return None
 
 
 def rss_bytes() -> int:
@@ -92,13 +115,18 @@ def main(argv=None):
                         help='iterations whose median RSS is an end point')
     parser.add_argument('--max-growth-mb', type=float, default=None,
                         help='exit 1 if RSS grows by more (MiB)')
+    parser.add_argument('--mmap-threshold-kib', type=int, default=128,
+                        help="fix glibc's mmap threshold (0: leave it "
+                        'dynamic); see the module docstring')
     args = parser.parse_args(argv)
+    threshold = fix_mmap_threshold(args.mmap_threshold_kib)
     cfg = load_config(args)
     hook = RSSHook()
     begin = time.time()
     run_short(cfg, args.iters, [hook], work_dir=args.work_dir)
     summary = dict(config=args.config, iters=len(hook.rss),
                    warmup=args.warmup, window=args.window,
+                   mmap_threshold_kib=threshold,
                    **summarize(hook.rss, args.warmup, args.window),
                    seconds=round(time.time() - begin, 1))
     ok = (args.max_growth_mb is None
