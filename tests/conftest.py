@@ -6,11 +6,19 @@ marked ``@pytest.mark.slow`` (markers: pytest.ini), so that
 in an unmarked test, and an unmarked test that starts a process fails.
 A test marked ``cuda`` (the GPU tier) is skipped, with the reason, where
 torch sees no CUDA device.
+
+Under pytest-xdist (``tools/run_tests.sh`` runs one worker per core) each
+worker gets an equal share of the cores, and the session fixtures that train
+(:func:`learning_run`, :func:`short_run`) or write the data run once for all
+workers: the first worker to ask does the work under a file lock, the others
+wait and read its result.
 """
+import fcntl
 import importlib.util
 import json
 import multiprocessing.process
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +35,12 @@ TORCH = tuple(int(v) for v in torch.__version__.split('+')[0].split('.')[:2])
 MODEL_CONFIGS = sorted(
     p for p in (ROOT / 'configs').glob('*/*.py')
     if p.parent.name != 'deploy' and not p.parent.name.startswith('_'))
+
+# pytest-xdist: this worker's share of the cores (all of them without xdist)
+WORKERS = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1'))
+THREADS = max(1, (os.cpu_count() or 1) // WORKERS)
+if WORKERS > 1:
+    torch.set_num_threads(THREADS)
 
 NO_CUDA = ('needs a CUDA device (the GPU tier, pytest -m cuda); '
            'torch.cuda.is_available() is False here')
@@ -104,10 +118,45 @@ def _fast_tests_start_no_process(request, monkeypatch):
                     'without the slow marker')
 
 
+def free_port() -> int:
+    """A TCP port nobody listens on now, for a launcher's master port (tests
+    running side by side under xdist must not share one)."""
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+def _shared_dir(tmp_path_factory) -> Path:
+    """The session's temporary folder that every xdist worker sees."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if 'PYTEST_XDIST_WORKER' in os.environ else base
+
+
+def run_once(tmp_path_factory, name, work):
+    """``work()``'s JSON-able result, computed by the first worker of the
+    session to ask under a file lock and read back by the others (a failure
+    too: the others fail with its message instead of repeating it)."""
+    shared = _shared_dir(tmp_path_factory)
+    done, failed = shared / f'{name}.json', shared / f'{name}.failed'
+    with open(shared / f'{name}.lock', 'w') as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists() and not failed.exists():
+            try:
+                done.write_text(json.dumps(work()))
+            except (Exception, pytest.fail.Exception) as err:
+                failed.write_text(f'{type(err).__name__}: {err}')
+                raise
+    if failed.exists():
+        pytest.fail(f'{name} failed in another worker: {failed.read_text()}')
+    return json.loads(done.read_text())
+
+
 @pytest.fixture(scope='session')
-def tiny_data():
+def tiny_data(tmp_path_factory):
     """The embedded datasets in ROOT/data, generated if missing (idempotent)."""
-    run_tool(['tools/data/make_tiny_data.py', '--out', 'data'], timeout=300)
+    run_once(tmp_path_factory, 'tiny-data', lambda: run_tool(
+        ['tools/data/make_tiny_data.py', '--out', 'data'], timeout=300)
+        .returncode)
     return ROOT / 'data'
 
 
@@ -120,7 +169,8 @@ def run_tool(args, timeout=600, env=None, check=True, python=True):
                     'stays fast')
     cmd = [sys.executable, *args] if python else list(args)
     full_env = dict(os.environ, PYTHONUNBUFFERED='1',
-                    PYTHON=sys.executable, OMP_NUM_THREADS='2')
+                    PYTHON=sys.executable,
+                    OMP_NUM_THREADS=str(min(2, THREADS)))
     full_env.update(env or {})
     proc = subprocess.run(cmd, cwd=ROOT, env=full_env, timeout=timeout,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -167,18 +217,19 @@ LEARNING_STACK = TORCH >= (2, 2)
 def learning_run(tiny_data, tmp_path_factory):
     """``learning_run(config)``: (work dir, last checkpoint, learning_check's
     result) of the :data:`LEARNING_RUN` of ``config``, run on first use and
-    shared by every test of the session."""
-    runs = {}
-
+    shared by every test of the session (every xdist worker)."""
     def get(config):
-        if config not in runs:
-            work_dir = tmp_path_factory.mktemp(Path(config).stem + '-learning')
+        name = Path(config).stem + '-learning'
+
+        def work():
+            work_dir = _shared_dir(tmp_path_factory) / name
+            work_dir.mkdir()
             metric, options = LEARNING_RUN[config]
             result = learning_result(config, metric, 0, work_dir, options)
-            ckpt = (work_dir / 'last_checkpoint').read_text().strip()
-            assert Path(ckpt).is_file(), ckpt
-            runs[config] = (work_dir, ckpt, result)
-        return runs[config]
+            return str(work_dir), _last_checkpoint(work_dir), result
+
+        work_dir, ckpt, result = run_once(tmp_path_factory, name, work)
+        return Path(work_dir), ckpt, result
 
     return get
 
@@ -188,25 +239,32 @@ def short_run(tiny_data, tmp_path_factory, learning_run):
     """``short_run(config)``: (work dir, last checkpoint) of the
     :data:`SHORT_RUN` training of ``config`` with tools/train.py (or of its
     learning run, see :data:`LEARNING_STACK`), run on first use and shared by
-    every test of the session."""
-    runs = {}
-
+    every test of the session (every xdist worker)."""
     def get(config):
         if config in LEARNING_RUN and LEARNING_STACK:
             return learning_run(config)[:2]
-        if config not in runs:
-            work_dir = tmp_path_factory.mktemp(Path(config).stem)
+        name = Path(config).stem
+
+        def work():
+            work_dir = _shared_dir(tmp_path_factory) / name
+            work_dir.mkdir()
             # seeded: the shipped configs draw a seed per run, and the tests
             # that load these checkpoints must not depend on the draw
             run_tool(['tools/train.py', config, '--work-dir', str(work_dir),
                       '--cfg-options', 'randomness.seed=0',
                       *SHORT_RUN[config]])
-            ckpt = (work_dir / 'last_checkpoint').read_text().strip()
-            assert Path(ckpt).is_file(), ckpt
-            runs[config] = (work_dir, ckpt)
-        return runs[config]
+            return str(work_dir), _last_checkpoint(work_dir)
+
+        work_dir, ckpt = run_once(tmp_path_factory, name, work)
+        return Path(work_dir), ckpt
 
     return get
+
+
+def _last_checkpoint(work_dir) -> str:
+    ckpt = (Path(work_dir) / 'last_checkpoint').read_text().strip()
+    assert Path(ckpt).is_file(), ckpt
+    return ckpt
 
 
 _PARSED_CONFIGS = {}

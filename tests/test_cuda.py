@@ -16,7 +16,7 @@ import json
 
 import pytest
 import torch
-from conftest import run_tool
+from conftest import free_port, run_tool
 from fused_cases import (EXACT_224, WINDOW_800, fused_agreement, needs_triton,
                          windows)
 from mmengine.registry import MODELS
@@ -202,7 +202,8 @@ def test_mask_rcnn_iteration_through_train_py(tiny_data, tmp_path):
 def test_dist_train_one_gpu_over_nccl(tiny_data, tmp_path):
     out = run_tool(['bash', 'tools/dist_train.sh', MASK_RCNN, '1',
                     '--work-dir', str(tmp_path), '--cfg-options',
-                    *ONE_ITER], python=False, env={'PORT': '29541'}).stdout
+                    *ONE_ITER], python=False,
+                   env={'PORT': str(free_port())}).stdout
     assert 'launcher pytorch, world size 1 (nccl)' in out, out[-3000:]
     assert (tmp_path / 'epoch_1.pth').exists()
 

@@ -34,8 +34,8 @@ import stat
 
 import pytest
 import torch
-from conftest import (MODEL_CONFIGS, ROOT, load_config, logged_losses,
-                      run_tool)
+from conftest import (MODEL_CONFIGS, ROOT, free_port, load_config,
+                      logged_losses, run_tool)
 from mmengine.registry import MODELS
 
 import clustr_mm  # noqa: F401
@@ -340,7 +340,7 @@ def test_two_process_run_matches_one_process_run(tiny_data, tmp_path):
     run_tool(['bash', 'tools/dist_train.sh', FIXED_CROP_CONFIG, '2',
               '--work-dir', str(dist), *opts,
               'train_dataloader.batch_size=4'], python=False,
-             env=dict(env, PORT='29541'))
+             env=dict(env, PORT=str(free_port())))
     one = _rank_losses(single, 0)
     r0, r1 = _rank_losses(dist, 0), _rank_losses(dist, 1)
     assert [r['iter'] for r in one] == list(range(1, 9))

@@ -10,7 +10,8 @@ import time
 import pytest
 import torch
 from conftest import (LEARNING_RUN, LEARNING_STACK, ROOT, SHORT_RUN,
-                      learning_result, load_tool, logged_losses, run_tool)
+                      free_port, learning_result, load_tool, logged_losses,
+                      run_tool)
 
 import clustr_mm  # noqa: F401  (allow-lists runner checkpoint types)
 
@@ -81,7 +82,7 @@ def test_train_then_test(family, short_run):
         # metrics, printed by both ranks
         dist = run_tool(['bash', 'tools/dist_test.sh', config, ckpt, '2',
                          '--work-dir', str(work_dir / 'dist')], python=False,
-                        env={'PORT': '29541', **ONE_THREAD}).stdout
+                        env={'PORT': str(free_port()), **ONE_THREAD}).stdout
         printed = [ln for ln in dist.splitlines() if ln.startswith('[test] ')]
         assert len(printed) == 2, dist[-3000:]
         for line in printed:
@@ -100,7 +101,8 @@ def test_dist_train_two_cpu_processes(tiny_data, tmp_path):
                          'model.backbone.with_cp=True']
     out = run_tool(['bash', 'tools/dist_train.sh', config, '2',
                     '--work-dir', str(tmp_path), '--cfg-options', *options],
-                   python=False, env={'PORT': '29533', **ONE_THREAD}).stdout
+                   python=False,
+                   env={'PORT': str(free_port()), **ONE_THREAD}).stdout
     assert 'launcher pytorch, world size 2' in out, out[-3000:]
     assert _last_checkpoint(tmp_path).endswith('epoch_1.pth')
     state = torch.load(_last_checkpoint(tmp_path), map_location='cpu')
