@@ -11,11 +11,17 @@
 #                             mmdeploy + ONNX Runtime (a side environment on
 #                             the torch 2.1 stack: run after it)
 # CLUSTR_MM_STACKS="default" (or "torch2.1") runs only those. pytest args go to
-# every stack. Every stack runs even if an earlier one fails; the exit status
-# is non-zero if any failed.
+# every stack. The default and torch 2.1 suites run in CLUSTR_MM_TEST_WORKERS
+# pytest-xdist workers (default: one per core, at most 4; 0 or 1 runs them in
+# the pytest process itself, as plain `pytest` does). Every stack runs even if
+# an earlier one fails; the exit status is non-zero if any failed.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 STACKS="${CLUSTR_MM_STACKS:-default torch2.1 mmdeploy}"
+CORES="$(nproc 2>/dev/null || echo 1)"
+WORKERS="${CLUSTR_MM_TEST_WORKERS:-$(( CORES < 4 ? CORES : 4 ))}"
+PARALLEL=()
+[ "$WORKERS" -gt 1 ] && PARALLEL=(-n "$WORKERS")
 cd "$ROOT"
 
 FAILED=()
@@ -25,7 +31,7 @@ for STACK in $STACKS; do
   SETUP=(bash "$ROOT/tools/setup_env.sh")
   if [ "$STACK" = default ]; then
     VENV="${CLUSTR_MM_VENV:-$ROOT/.venv}"
-    TESTS=(tests)
+    TESTS=(tests "${PARALLEL[@]}")
   elif [ "$STACK" = mmdeploy ]; then
     VENV="$ROOT/.venv-mmdeploy"
     TESTS=(tests/test_mmdeploy.py -m mmdeploy)  # (its side packages: onnx 1.17)
@@ -34,7 +40,7 @@ for STACK in $STACKS; do
     VENV="$ROOT/.venv-$STACK"
     case "$STACK" in
       # a subset chosen by marker (keeps CI well inside its time limit)
-      torch2.1) TESTS=(tests -m torch21) ;;
+      torch2.1) TESTS=(tests -m torch21 "${PARALLEL[@]}") ;;
       *) echo "[run_tests] unknown stack $STACK" >&2; FAILED+=("$STACK"); continue ;;
     esac
   fi
