@@ -289,3 +289,57 @@ def test_setup_env_mmcv_flavour_and_cache_key(tmp_path):
         base_path, CLUSTR_MM_MMCV_CUDA='1')
     assert "CLUSTR_MM_MMCV_CUDA must be 1, 0 or auto, got 'yes'" in plan(
         with_nvcc, CLUSTR_MM_MMCV_CUDA='yes')
+
+
+@pytest.mark.slow
+def test_pch_cxx_precompiles_once_and_gcc_uses_it(tmp_path):
+    """``tools/pch_cxx.sh`` (CXX of the mmcv build): the first compile
+    precompiles the header with that compile's flags, GCC loads the .gch
+    for every file that includes the header first (``-H`` marks it ``!``),
+    a compile whose flags differ warns and reads the header as usual, and a
+    header that does not precompile leaves compiles as they were."""
+    if 'Free Software Foundation' not in subprocess.run(
+            ['c++', '--version'], capture_output=True, text=True).stdout:
+        pytest.skip('precompiled headers as GCC makes them: c++ is not GCC')
+    # mmcv's layout: the sources in one folder, the header in another
+    src, inc, pch = tmp_path / 'src', tmp_path / 'common', tmp_path / 'pch'
+    src.mkdir()
+    inc.mkdir()
+    (inc / 'helper.hpp').write_text(
+        '#ifndef HELPER\n#define HELPER\n#include <map>\n#include <string>\n'
+        'inline int helper() { return 42; }\n#endif\n')
+    for name in ('a', 'b'):
+        (src / f'{name}.cpp').write_text(
+            '#include "helper.hpp"\n'
+            f'int {name}() {{ return helper() + std::map<int, int>().size();'
+            ' }\n')
+    flags = ['-O2', '-fPIC', '-DNAME=x', f'-I{inc}']
+
+    def cxx(name, *extra, header=inc / 'helper.hpp'):
+        return run_tool(
+            ['bash', 'tools/pch_cxx.sh', '-MMD', '-MF', str(tmp_path / 'd'),
+             *flags, *extra, '-c', str(src / f'{name}.cpp'), '-o',
+             str(tmp_path / f'{name}.o')], python=False, check=False,
+            env=dict(PCH_HEADER=str(header), PCH_DIR=str(pch)))
+
+    first = cxx('a')
+    assert first.returncode == 0, first.stdout
+    assert (pch / 'helper.hpp.gch').is_file()
+    gch_time = (pch / 'helper.hpp.gch').stat().st_mtime_ns
+    used = cxx('b', '-H')
+    assert used.returncode == 0, used.stdout
+    assert f'! {pch}/helper.hpp.gch' in used.stdout, used.stdout
+    assert (pch / 'helper.hpp.gch').stat().st_mtime_ns == gch_time  # once
+    assert (tmp_path / 'a.o').is_file() and (tmp_path / 'b.o').is_file()
+    other = cxx('b', '-DNAME=y', '-H')  # a macro differs: not used
+    assert other.returncode == 0, other.stdout
+    assert f'! {pch}/helper.hpp.gch' not in other.stdout, other.stdout
+    assert 'helper.hpp.gch' in other.stdout and 'not used' in other.stdout, \
+        other.stdout
+    # A header that does not compile on its own: recorded, then no PCH.
+    (inc / 'bad.hpp').write_text('#error not alone\n')
+    pch = pch_bad = tmp_path / 'pch_bad'
+    plain = cxx('a', header=inc / 'bad.hpp')
+    assert plain.returncode == 0, plain.stdout
+    assert 'not alone' in (pch_bad / 'bad.hpp.gch.failed').read_text()
+    assert not (pch_bad / 'bad.hpp.gch').exists()

@@ -171,6 +171,13 @@ print(os.pathsep.join(sorted(glob.glob(os.path.join(
       fi
       echo "[setup_env]   CUDA build with CUDA_HOME=${CUDA_HOME:-unset} ($(nvcc --version | tail -n 2 | head -n 1))"
     fi
+    # GCC: torch's headers parsed once for most C++ files (tools/pch_cxx.sh)
+    PCH_DIR="$BUILD/pch"
+    if "${CXX:-c++}" --version 2>/dev/null | grep -q 'Free Software Foundation'; then
+      export PCH_REAL_CXX="${CXX:-c++}" PCH_DIR \
+        PCH_HEADER="$SRC/mmcv/ops/csrc/common/pytorch_cpp_helper.hpp" \
+        CXX="$ROOT/tools/pch_cxx.sh"
+    fi
     LOG="$BUILD/build.log"
     ( cd "$SRC" && "${PIP[@]}" wheel -v --no-deps --no-build-isolation -w "$BUILD/dist" . ) \
       >"$LOG" 2>&1 &
@@ -182,6 +189,13 @@ print(os.pathsep.join(sorted(glob.glob(os.path.join(
       echo "[setup_env]   mmcv build: $(( (SECONDS - START) / 60 )) min, ~$DONE objects compiled"
     done
     if ! wait "$BUILD_PID"; then tail -40 "$LOG" >&2; false; fi
+    echo "[setup_env]   mmcv built in $(( (SECONDS - START) / 60 )) min $(( (SECONDS - START) % 60 )) s"
+    if [ -e "$PCH_DIR/pytorch_cpp_helper.hpp.gch" ]; then
+      echo "[setup_env]   precompiled header: used; skipped by" \
+        "$(grep -c 'pytorch_cpp_helper.hpp.gch: not used' "$LOG" || true) compiles"
+    elif [ -e "$PCH_DIR/pytorch_cpp_helper.hpp.gch.failed" ]; then
+      echo "[setup_env]   precompiled header: not made ($(head -c 300 "$PCH_DIR/pytorch_cpp_helper.hpp.gch.failed"))"
+    fi
     mkdir -p "$WHEEL_DIR"
     mv "$BUILD"/dist/mmcv-*.whl "$WHEEL_DIR/"
     rm -rf "$BUILD"
