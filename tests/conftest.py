@@ -47,14 +47,30 @@ NO_CUDA = ('needs a CUDA device (the GPU tier, pytest -m cuda); '
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip the GPU tier where there is no CUDA device."""
-    import torch
+    """Skip the GPU tier where there is no CUDA device; under xdist, order
+    the tests for the workers (:func:`_dispatch_rank`)."""
+    if 'PYTEST_XDIST_WORKER' in os.environ:
+        items.sort(key=_dispatch_rank)  # stable: files keep their order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason=NO_CUDA)
     for item in items:
         if item.get_closest_marker('cuda'):
             item.add_marker(skip)
+
+
+def _dispatch_rank(item) -> int:
+    """Longest first, so that no worker is left with a long test at the end
+    (tools/run_tests.sh hands tests out one at a time, --maxschedchunk 1):
+    the detection learning runs (5-6 min each), the other slow tests, the
+    slow tests that wait for a learning run's checkpoint (after it is made),
+    then the fast ones."""
+    if item.originalname == 'test_detection_learns':
+        return 0
+    if item.get_closest_marker('slow'):
+        waits = LEARNING_STACK and 'learning_run' in item.fixturenames
+        return 2 if waits else 1
+    return 3
 
 _current_test = None
 
@@ -160,6 +176,13 @@ def tiny_data(tmp_path_factory):
     return ROOT / 'data'
 
 
+def tool_env(env=None):
+    """The environment of a tool the tests start: this worker's threads
+    (a run compared with another must use the same number), then ``env``."""
+    return dict(os.environ, PYTHONUNBUFFERED='1', PYTHON=sys.executable,
+                OMP_NUM_THREADS=str(min(2, THREADS)), **(env or {}))
+
+
 def run_tool(args, timeout=600, env=None, check=True, python=True):
     """Run a repo tool as a user would (cwd = repo root); return the output."""
     if _current_test is not None and not _current_test.get_closest_marker(
@@ -168,11 +191,7 @@ def run_tool(args, timeout=600, env=None, check=True, python=True):
                     'mark it @pytest.mark.slow so `pytest -m "not slow"` '
                     'stays fast')
     cmd = [sys.executable, *args] if python else list(args)
-    full_env = dict(os.environ, PYTHONUNBUFFERED='1',
-                    PYTHON=sys.executable,
-                    OMP_NUM_THREADS=str(min(2, THREADS)))
-    full_env.update(env or {})
-    proc = subprocess.run(cmd, cwd=ROOT, env=full_env, timeout=timeout,
+    proc = subprocess.run(cmd, cwd=ROOT, env=tool_env(env), timeout=timeout,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True)
     if check and proc.returncode != 0:

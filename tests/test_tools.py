@@ -1,6 +1,5 @@
 """End-to-end runs of tools/train.py, tools/test.py, dist_train.sh and
 dist_test.sh (marked slow), and the tools' argument checks (in-process)."""
-import os
 import re
 import signal
 import subprocess
@@ -11,7 +10,7 @@ import pytest
 import torch
 from conftest import (LEARNING_RUN, LEARNING_STACK, ROOT, SHORT_RUN,
                       free_port, learning_result, load_tool, logged_losses,
-                      run_tool)
+                      run_tool, tool_env)
 
 import clustr_mm  # noqa: F401  (allow-lists runner checkpoint types)
 
@@ -120,11 +119,14 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tiny_data, tmp_path):
             'default_hooks.checkpoint.max_keep_ckpts=3',
             'default_hooks.logger.interval=1']
     full, killed = tmp_path / 'full', tmp_path / 'killed'
-    run_tool(['tools/train.py', config, '--work-dir', str(full), *opts])
+    # one thread in all three runs: equal losses need equal reductions
+    run_tool(['tools/train.py', config, '--work-dir', str(full), *opts],
+             env=ONE_THREAD)
 
     proc = subprocess.Popen(
         [sys.executable, 'tools/train.py', config, '--work-dir', str(killed),
-         *opts], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+         *opts], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=tool_env(ONE_THREAD))
     deadline = time.time() + 300
     while not (killed / 'epoch_1.pth').exists() and time.time() < deadline:
         assert proc.poll() is None, 'training ended before it could be killed'
@@ -138,7 +140,8 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tiny_data, tmp_path):
     # types; test_sigterm_... resumes from last_checkpoint)
     out = run_tool(['tools/train.py', config, '--work-dir', str(killed),
                     '--resume', str(killed / 'epoch_1.pth'), *opts],
-                   env={'CLUSTR_MM_SAFE_LOAD': 'restricted'}).stdout
+                   env={'CLUSTR_MM_SAFE_LOAD': 'restricted',
+                        **ONE_THREAD}).stdout
     assert 'resumed epoch: 1' in out, out[-3000:]
     resumed = logged_losses(killed)
     assert resumed and resumed[0][0] > 4  # continued after epoch 1 (4 iters)
@@ -233,7 +236,7 @@ def test_sigterm_and_resume_without_a_seed_match_the_uninterrupted_run(
     proc = subprocess.Popen(
         [sys.executable, 'tools/train.py', PACA_CLS, '--work-dir',
          str(killed), *opts], cwd=ROOT, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS='1'))
+        stderr=subprocess.DEVNULL, env=tool_env(ONE_THREAD))
     deadline = time.time() + 120
     while not (killed / 'epoch_1.pth').exists() and time.time() < deadline:
         assert proc.poll() is None, 'training ended before the signal'

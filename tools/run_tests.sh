@@ -21,7 +21,8 @@ STACKS="${CLUSTR_MM_STACKS:-default torch2.1 mmdeploy}"
 CORES="$(nproc 2>/dev/null || echo 1)"
 WORKERS="${CLUSTR_MM_TEST_WORKERS:-$(( CORES < 4 ? CORES : 4 ))}"
 PARALLEL=()
-[ "$WORKERS" -gt 1 ] && PARALLEL=(-n "$WORKERS")
+# one test at a time to a free worker, in tests/conftest.py's order
+[ "$WORKERS" -gt 1 ] && PARALLEL=(-n "$WORKERS" --maxschedchunk 1)
 cd "$ROOT"
 
 FAILED=()
