@@ -293,11 +293,12 @@ def test_setup_env_mmcv_flavour_and_cache_key(tmp_path):
 
 @pytest.mark.slow
 def test_pch_cxx_precompiles_once_and_gcc_uses_it(tmp_path):
-    """``tools/pch_cxx.sh`` (CXX of the mmcv build): the first compile
-    precompiles the header with that compile's flags, GCC loads the .gch
-    for every file that includes the header first (``-H`` marks it ``!``),
-    a compile whose flags differ warns and reads the header as usual, and a
-    header that does not precompile leaves compiles as they were."""
+    """``tools/pch_cxx.sh`` (CXX of the mmcv build): a compiler probe
+    passes through, the first compile precompiles the header with that
+    compile's flags, GCC loads the .gch for every file that includes the
+    header first (``-H`` marks it ``!``), a compile whose flags differ warns
+    and reads the header as usual, and a header that does not precompile
+    leaves compiles as they were."""
     if 'Free Software Foundation' not in subprocess.run(
             ['c++', '--version'], capture_output=True, text=True).stdout:
         pytest.skip('precompiled headers as GCC makes them: c++ is not GCC')
@@ -317,11 +318,17 @@ def test_pch_cxx_precompiles_once_and_gcc_uses_it(tmp_path):
 
     def cxx(name, *extra, header=inc / 'helper.hpp'):
         return run_tool(
-            ['bash', 'tools/pch_cxx.sh', '-MMD', '-MF', str(tmp_path / 'd'),
+            [str(ROOT / 'tools' / 'pch_cxx.sh'), '-MMD', '-MF',
+             str(tmp_path / 'd'),
              *flags, *extra, '-c', str(src / f'{name}.cpp'), '-o',
              str(tmp_path / f'{name}.o')], python=False, check=False,
             env=dict(PCH_HEADER=str(header), PCH_DIR=str(pch)))
 
+    # torch's compiler probe (-v) passes through and precompiles nothing
+    probe = run_tool([str(ROOT / 'tools' / 'pch_cxx.sh'), '-v'], python=False,
+                     env=dict(PCH_HEADER=str(inc / 'helper.hpp'),
+                              PCH_DIR=str(pch)))
+    assert 'COLLECT_GCC=' in probe.stdout and not pch.exists()
     first = cxx('a')
     assert first.returncode == 0, first.stdout
     assert (pch / 'helper.hpp.gch').is_file()

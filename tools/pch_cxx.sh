@@ -17,7 +17,10 @@ HEADER="${PCH_HEADER:?the header to precompile}"
 DIR="${PCH_DIR:?where the precompiled header goes}"
 GCH="$DIR/$(basename "$HEADER").gch"
 
-if [ ! -e "$GCH" ] && [ ! -e "$GCH.failed" ]; then
+COMPILE=0
+for ARG in "$@"; do [ "$ARG" = -c ] && COMPILE=1; done
+# Probes (-v, --version) and the link pass straight through.
+if [ "$COMPILE" = 1 ] && [ ! -e "$GCH" ] && [ ! -e "$GCH.failed" ]; then
   mkdir -p "$DIR"
   exec 9>"$GCH.lock"
   flock 9  # two compiles start at once: one precompiles, the other waits
