@@ -134,7 +134,7 @@ else
   WHEEL_DIR="$CACHE/mmcv-$MMCV_VERSION-torch$TORCH_V-$PY_TAG-$WHEEL_KEY"
   if ! ls "$WHEEL_DIR"/mmcv-*.whl >/dev/null 2>&1; then
     BUILD=$(mktemp -d)
-    echo "[setup_env] building mmcv from source ($FLAVOUR ops); about 16 min on 2 cores (CPU ops), once per machine"
+    echo "[setup_env] building mmcv from source ($FLAVOUR ops); about 6 min on 2 cores with GCC (CPU ops), once per machine"
     "${PIP[@]}" download -q --no-deps --no-binary :all: --no-build-isolation \
       "mmcv==$MMCV_VERSION" -d "$BUILD"
     tar -xzf "$BUILD"/mmcv-*.tar.gz -C "$BUILD"
