@@ -179,8 +179,10 @@ def tiny_data(tmp_path_factory):
 def tool_env(env=None):
     """The environment of a tool the tests start: this worker's threads
     (a run compared with another must use the same number), then ``env``."""
-    return dict(os.environ, PYTHONUNBUFFERED='1', PYTHON=sys.executable,
-                OMP_NUM_THREADS=str(min(2, THREADS)), **(env or {}))
+    full = dict(os.environ, PYTHONUNBUFFERED='1', PYTHON=sys.executable,
+                OMP_NUM_THREADS=str(min(2, THREADS)))
+    full.update(env or {})
+    return full
 
 
 def run_tool(args, timeout=600, env=None, check=True, python=True):
