@@ -72,6 +72,7 @@ def _dispatch_rank(item) -> int:
         return 2 if waits else 1
     return 3
 
+
 _current_test = None
 
 
