@@ -60,8 +60,6 @@ BF16_MIN_AGREEMENT = {'clustr-exact': 0.90, 'clustr-window': 0.98}
 # measured +12.1 MiB; the bound allows several times the fixed-threshold
 # spread and is 1/10 of what the leaking hook below adds.
 SOAK_MAX_GROWTH_MIB = 6.0
-SOAK_ARGS = ['--work-dir', '{}', '--max-growth-mb', str(SOAK_MAX_GROWTH_MIB),
-             '--cfg-options', 'train_dataloader.batch_size=4']
 DIST_LOSS_TOL = 1e-5
 DIST_WEIGHT_TOL = 1e-3
 DIST_WEIGHT_REL_TOL = 1e-4
@@ -282,8 +280,11 @@ def test_nan_check_names_the_failing_iteration(tiny_data, tmp_path):
 # --------------------------------------------------------------------------
 # 6a. Memory over a run.
 def _soak(config, tmp_path, *opts, env=ONE_THREAD):
-    args = [a.format(tmp_path) for a in SOAK_ARGS]
-    out = run_tool(['tools/analysis/memory_soak.py', config, *opts, *args],
+    """memory_soak.py's JSON result for ``config`` at batch 4."""
+    out = run_tool(['tools/analysis/memory_soak.py', config, *opts,
+                    '--work-dir', str(tmp_path), '--max-growth-mb',
+                    str(SOAK_MAX_GROWTH_MIB), '--cfg-options',
+                    'train_dataloader.batch_size=4'],
                    check=False, env=env).stdout
     line = [ln for ln in out.splitlines() if ln.startswith('[memory-soak] {')]
     assert line, out[-3000:]

@@ -125,8 +125,8 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tiny_data, tmp_path):
 
     proc = subprocess.Popen(
         [sys.executable, 'tools/train.py', config, '--work-dir', str(killed),
-         *opts], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env=tool_env(ONE_THREAD))
+         *opts], cwd=ROOT, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, env=tool_env(ONE_THREAD))
     deadline = time.time() + 300
     while not (killed / 'epoch_1.pth').exists() and time.time() < deadline:
         assert proc.poll() is None, 'training ended before it could be killed'
