@@ -27,8 +27,9 @@ An iteration is timed from ``before_train_iter`` to ``after_train_iter``
 ``torch.cuda.synchronize()`` at both ends on a GPU. Reported: the median
 and every timed iteration, the image size the model received (H, W of the
 first image, before batch padding) and the batch, and the peak memory
-(GPU: ``torch.cuda.max_memory_allocated`` over the timed iterations; CPU:
-the process's peak RSS). Prints one ``[train-speed] {json}`` line, also
+(GPU: the largest ``torch.cuda.max_memory_allocated`` read at the end of
+each timed iteration, since MMEngine's log processor resets the peak
+statistics whenever it logs; CPU: the process's peak RSS). Prints one ``[train-speed] {json}`` line, also
 written to ``--out``.
 """
 import argparse
@@ -108,6 +109,7 @@ class StepTimer(Hook):
         self.warmup = warmup
         self.times, self.image_shape, self.batch = [], None, None
         self.cuda = torch.cuda.is_available()
+        self.cuda_peak = 0
 
     def _sync(self):
         if self.cuda:
@@ -127,10 +129,14 @@ class StepTimer(Hook):
                          outputs=None) -> None:
         self._sync()
         self.times.append(time.perf_counter() - self.start)
+        # read before the LoggerHook (lower priority) can reset the peak
+        if self.cuda and runner.iter >= self.warmup:
+            self.cuda_peak = max(self.cuda_peak,
+                                 torch.cuda.max_memory_allocated())
 
     def peak_mb(self) -> float:
         if self.cuda:
-            return torch.cuda.max_memory_allocated() / 2**20
+            return self.cuda_peak / 2**20
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
