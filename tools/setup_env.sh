@@ -173,9 +173,10 @@ print(os.pathsep.join(sorted(glob.glob(os.path.join(
     fi
     # GCC: torch's headers parsed once for most C++ files (tools/pch_cxx.sh)
     PCH_DIR="$BUILD/pch"
+    PCH_HEADER="$SRC/mmcv/ops/csrc/common/pytorch_cpp_helper.hpp"
+    GCH="$(basename "$PCH_HEADER").gch"  # the name pch_cxx.sh gives it
     if "${CXX:-c++}" --version 2>/dev/null | grep -q 'Free Software Foundation'; then
-      export PCH_REAL_CXX="${CXX:-c++}" PCH_DIR \
-        PCH_HEADER="$SRC/mmcv/ops/csrc/common/pytorch_cpp_helper.hpp" \
+      export PCH_REAL_CXX="${CXX:-c++}" PCH_DIR PCH_HEADER \
         CXX="$ROOT/tools/pch_cxx.sh"
     fi
     LOG="$BUILD/build.log"
@@ -190,11 +191,11 @@ print(os.pathsep.join(sorted(glob.glob(os.path.join(
     done
     if ! wait "$BUILD_PID"; then tail -40 "$LOG" >&2; false; fi
     echo "[setup_env]   mmcv built in $(( (SECONDS - START) / 60 )) min $(( (SECONDS - START) % 60 )) s"
-    if [ -e "$PCH_DIR/pytorch_cpp_helper.hpp.gch" ]; then
+    if [ -e "$PCH_DIR/$GCH" ]; then
       echo "[setup_env]   precompiled header: used; skipped by" \
-        "$(grep -c 'pytorch_cpp_helper.hpp.gch: not used' "$LOG" || true) compiles"
-    elif [ -e "$PCH_DIR/pytorch_cpp_helper.hpp.gch.failed" ]; then
-      echo "[setup_env]   precompiled header: not made ($(head -c 300 "$PCH_DIR/pytorch_cpp_helper.hpp.gch.failed"))"
+        "$(grep -c "$GCH: not used" "$LOG" || true) compiles"
+    elif [ -e "$PCH_DIR/$GCH.failed" ]; then
+      echo "[setup_env]   precompiled header: not made ($(head -c 300 "$PCH_DIR/$GCH.failed"))"
     fi
     mkdir -p "$WHEEL_DIR"
     mv "$BUILD"/dist/mmcv-*.whl "$WHEEL_DIR/"
