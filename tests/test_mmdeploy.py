@@ -6,6 +6,7 @@ export runs in mmdeploy's side environment (the ``mmdeploy`` marker:
 tools/run_tests.sh's ``mmdeploy`` stack, .venv-mmdeploy), and is skipped with
 the reason elsewhere."""
 import importlib.util
+import os
 
 import numpy as np
 import pytest
@@ -62,27 +63,26 @@ def test_a_full_result_is_compared_above_its_cut():
     assert not TOOL.compare_detections(ref, got, 3, 1e-3, 1e-4)['ok']
 
 
-@pytest.mark.slow
-@pytest.mark.mmdeploy
-@pytest.mark.skipif(not HAS_MMDEPLOY, reason='needs mmdeploy: runs in '
-                    'tools/deployment/setup_mmdeploy_env.sh\'s .venv-mmdeploy '
-                    '(tools/run_tests.sh, stack mmdeploy)')
-def test_paca_mask_rcnn_through_mmdeploy_equals_pytorch(tiny_data, tmp_path):
-    """PaCa-T Mask R-CNN (random weights, seed 0) with the dynamic deploy
-    config: NMS and RoIAlign in the graph, and ONNX Runtime's detections on
-    two embedded validation images equal those of the exported PyTorch
-    forward (boxes within 1e-3 px, scores within 1e-4, same labels); the
-    difference to stock mmdet is reported. (ClusTR-T is checked by hand with
-    trained weights, docs/deployment.md: untrained ClusTR clusters tokens at
-    near-ties that round-off decides.)"""
-    import json
+def test_an_input_sensitive_image_is_reported_not_failed():
+    """A graph mismatch counts against the export only where PyTorch keeps
+    its own detections under input noise; one image must match."""
+    ok, bad = dict(ok=True), dict(ok=False)
+    assert TOOL.verdict(ok) == 'ok'
+    assert TOOL.verdict(bad) == 'different'
+    assert TOOL.verdict(bad, torch_self=ok) == 'different'
+    assert TOOL.verdict(bad, torch_self=bad) == 'input-sensitive'
+    assert TOOL.overall_ok(['ok', 'input-sensitive'])
+    assert not TOOL.overall_ok(['ok', 'different'])
+    assert not TOOL.overall_ok(['input-sensitive', 'input-sensitive'])
 
-    import onnx
-    out = run_tool(['tools/deployment/mmdeploy_detection.py',
-                    'configs/paca/mask-rcnn_paca-t_fpn_embedded-coco.py',
-                    '--deploy-cfg',
-                    'configs/deploy/mask-rcnn_onnxruntime_dynamic.py',
-                    '--work-dir', str(tmp_path)], timeout=1200).stdout
+
+def _through_mmdeploy(config, checkpoint, deploy_cfg, work_dir):
+    """mmdeploy_detection.py's JSON result; the tool's own check passed."""
+    import json
+    out = run_tool(['tools/deployment/mmdeploy_detection.py', config,
+                    *([checkpoint] if checkpoint else []),
+                    '--deploy-cfg', f'configs/deploy/{deploy_cfg}',
+                    '--work-dir', str(work_dir)], timeout=1800).stdout
     line = [ln for ln in out.splitlines() if ln.startswith('[mmdeploy] {')]
     assert line, out[-3000:]
     result = json.loads(line[-1].split(' ', 1)[1])
@@ -90,6 +90,54 @@ def test_paca_mask_rcnn_through_mmdeploy_equals_pytorch(tiny_data, tmp_path):
     for image in result['images']:
         assert image['graph']['compared'] > 0, image
         assert 'unmatched' in image['mmdeploy_vs_mmdet'], image
+        if image['verdict'] != 'ok':  # the probe ran, PyTorch moved
+            assert image['torch_vs_noisy_input']['unmatched'] > 0, image
+    return result
+
+
+NEEDS_MMDEPLOY = pytest.mark.skipif(
+    not HAS_MMDEPLOY, reason='needs mmdeploy: runs in tools/deployment/'
+    'setup_mmdeploy_env.sh\'s .venv-mmdeploy (tools/run_tests.sh, stack '
+    'mmdeploy)')
+
+
+@pytest.mark.slow
+@pytest.mark.mmdeploy
+@NEEDS_MMDEPLOY
+def test_paca_mask_rcnn_through_mmdeploy_equals_pytorch(tiny_data, tmp_path):
+    """PaCa-T Mask R-CNN (random weights, seed 0) with the dynamic deploy
+    config: NMS and RoIAlign in the graph, and ONNX Runtime's detections on
+    two embedded validation images equal those of the exported PyTorch
+    forward (boxes within 1e-3 px, scores within 1e-4, same labels); the
+    difference to stock mmdet is reported."""
+    import onnx
+    result = _through_mmdeploy(
+        'configs/paca/mask-rcnn_paca-t_fpn_embedded-coco.py', None,
+        'mask-rcnn_onnxruntime_dynamic.py', tmp_path)
+    assert all(image['verdict'] == 'ok' for image in result['images'])
     ops = {(n.domain, n.op_type)
            for n in onnx.load(str(tmp_path / 'end2end.onnx')).graph.node}
     assert {('', 'NonMaxSuppression'), ('', 'RoiAlign')} <= ops, sorted(ops)
+
+
+@pytest.mark.slow
+@pytest.mark.mmdeploy
+@NEEDS_MMDEPLOY
+@pytest.mark.skipif(
+    os.environ.get('CLUSTR_MM_MMDEPLOY_CLUSTR') != '1',
+    reason='opt in with CLUSTR_MM_MMDEPLOY_CLUSTR=1 (a release check, '
+    'beyond CI\'s time: trains ClusTR-T Mask R-CNN, then exports it)')
+def test_clustr_mask_rcnn_through_mmdeploy_with_trained_weights(
+        learning_run, tmp_path):
+    """ClusTR-T Mask R-CNN trained by the learning run (4 embedded epochs,
+    seed 0), through mmdeploy with the static 256x256 deploy config (ClusTR
+    graphs are right only at their export size): the same check as PaCa-T's,
+    where an image on which PyTorch itself moves under 1e-5 relative input
+    noise is reported instead (measured 2026-11-26: image 1001 matched
+    45/45, image 1002 is such an image). Random weights would not do:
+    untrained ClusTR tokens of flat regions tie in density everywhere
+    (docs/deployment.md)."""
+    config = 'configs/clustr/mask-rcnn_clustr-t_fpn_embedded-coco.py'
+    _, checkpoint, _ = learning_run(config)
+    _through_mmdeploy(config, checkpoint,
+                      'mask-rcnn_onnxruntime_static-256x256.py', tmp_path)

@@ -28,10 +28,22 @@ input (``create_input``: a static deploy config resizes to its size):
    there, and caps boxes per class; the count of unmatched detections says
    how much that changes.
 
+Where the graph disagrees on an image, the PyTorch forward is run again on
+that input times ``1 + NOISE * N(0, 1)`` (``--noise``, default 1e-5
+relative: the order of the differences between ClusTR-T backbone graphs and
+PyTorch, up to 8e-6, docs/deployment.md), for ``--noise-draws`` seeded
+draws (default 4; one draw is not enough: on one image one draw moved 56 of
+87 detections and another none). If PyTorch's own detections move beyond
+the tolerances under any draw, the image is **input-sensitive**: the model
+sits near a discrete decision there (ClusTR's clustering: a density or
+nearest-neighbour tie), so round-off alone moves its detections, and the
+image is reported rather than counted as an export failure. At least one
+image must match exactly, so the graph is always checked somewhere.
+
 Without CHECKPOINT the model's random initialisation (seed 0) is saved to
 ``DIR/random_init.pth`` and every side loads it. Exit status 1 if the graph
-disagrees on any image; the numbers are printed per image and as one
-``[mmdeploy] {json}`` line.
+disagrees on an image that is not input-sensitive, or no image matched;
+the numbers are printed per image and as one ``[mmdeploy] {json}`` line.
 """
 import argparse
 import json
@@ -60,12 +72,20 @@ def parse_args(argv=None):
     p.add_argument('--work-dir', default='work_dirs/mmdeploy')
     p.add_argument('--box-tol', type=float, default=1e-3)
     p.add_argument('--score-tol', type=float, default=1e-4)
+    p.add_argument('--noise', type=float, default=1e-5,
+                   help='relative input noise of the sensitivity probe run '
+                   'on an image whose graph check fails')
+    p.add_argument('--noise-draws', type=int, default=4,
+                   help='seeded noise draws of that probe')
     args = p.parse_args(argv)
     for path in [args.config, args.deploy_cfg, *args.images] + (
             [args.checkpoint] if args.checkpoint else []):
         if not osp.isfile(path):
             p.error(f'no such file: {path}')
-    for name in ('box_tol', 'score_tol'):
+    if args.noise_draws < 0:
+        p.error(f'--noise-draws must be >= 0 (0: no probe), got '
+                f'{args.noise_draws}')
+    for name in ('box_tol', 'score_tol', 'noise'):
         if not getattr(args, name) > 0:
             p.error(f'--{name.replace("_", "-")} must be > 0, got '
                     f'{getattr(args, name)}')
@@ -120,6 +140,23 @@ def compare_detections(ref: Dict[str, np.ndarray], got: Dict[str, np.ndarray],
         result['mask_pixels_equal_min'] = min(equal)
     result['ok'] = unmatched == 0 and len(keep_ref) == len(keep_got)
     return result
+
+
+def verdict(graph: dict, torch_self: dict = None) -> str:
+    """An image's outcome: ``ok`` (the graph matched), ``input-sensitive``
+    (it did not, and neither did PyTorch against itself under input noise)
+    or ``different``."""
+    if graph['ok']:
+        return 'ok'
+    if torch_self is not None and not torch_self['ok']:
+        return 'input-sensitive'
+    return 'different'
+
+
+def overall_ok(verdicts: List[str]) -> bool:
+    """Every image matched or was input-sensitive, and one matched."""
+    return ('ok' in verdicts
+            and all(v in ('ok', 'input-sensitive') for v in verdicts))
 
 
 def _as_detections(dets, labels) -> Dict[str, np.ndarray]:
@@ -191,25 +228,43 @@ def main(argv=None) -> int:
             _as_detections(dets, labels),
             _as_detections(onnx_dets, onnx_labels), keep_top_k,
             args.box_tol, args.score_tol)
+        torch_self = None
+        for seed in range(args.noise_draws if not graph['ok'] else 0):
+            noise = torch.randn(inputs.shape,
+                                generator=torch.Generator().manual_seed(seed))
+            moved, moved_labels, _ = exported(
+                inputs * (1 + args.noise * noise), data['data_samples'])
+            torch_self = dict(compare_detections(
+                _as_detections(dets, labels),
+                _as_detections(moved, moved_labels), keep_top_k,
+                args.box_tol, args.score_tol), draw=seed)
+            if not torch_self['ok']:
+                break
+        status = verdict(graph, torch_self)
         raw, _ = processor.create_input(image, input_shape)
         with torch.no_grad():
             got = _numpy(backend.test_step(raw)[0].pred_instances)
             ref = _numpy(model.test_step(raw)[0].pred_instances)
         vs_mmdet = compare_detections(ref, got, keep_top_k, args.box_tol,
                                       args.score_tol)
-        results.append(dict(image=image, ok=graph['ok'], graph=graph,
+        results.append(dict(image=image, ok=graph['ok'], verdict=status,
+                            graph=graph, torch_vs_noisy_input=torch_self,
                             mmdeploy_vs_mmdet=vs_mmdet))
-        print(f'[mmdeploy] {image}: graph '
-              f'{"ok" if graph["ok"] else "DIFFERENT"} {json.dumps(graph)}; '
-              f'mmdeploy vs mmdet (reported): {vs_mmdet["unmatched"]} of '
-              f'{vs_mmdet["compared"]} unmatched')
-    ok = all(r['ok'] for r in results)
+        sensitivity = '' if torch_self is None else (
+            f'; PyTorch against itself with {args.noise:g} relative input '
+            f'noise, draw {torch_self["draw"] + 1} of {args.noise_draws}: '
+            f'{torch_self["unmatched"]} of {torch_self["compared"]} moved')
+        print(f'[mmdeploy] {image}: graph {status} {json.dumps(graph)}'
+              f'{sensitivity}; mmdeploy vs mmdet (reported): '
+              f'{vs_mmdet["unmatched"]} of {vs_mmdet["compared"]} unmatched')
+    ok = overall_ok([r['verdict'] for r in results])
     print('[mmdeploy] ' + json.dumps(dict(ok=ok, onnx=onnx_file,
                                           images=results)))
     if not ok:
         print(f'[mmdeploy] ONNX Runtime and the exported PyTorch forward '
               f'disagree beyond box {args.box_tol} / score {args.score_tol} '
-              f'(see above)', file=sys.stderr)
+              'on an image where PyTorch is stable, or no image matched '
+              '(see above)', file=sys.stderr)
     return 0 if ok else 1
 
 
