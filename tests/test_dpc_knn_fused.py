@@ -367,8 +367,8 @@ def _ptxas_usage(kernel, arch):
 def test_kernels_compile_for_gpus(arch):
     """The kernels compile ahead of time for sm_80/sm_90 within the
     register budget and without spills. Runs in a fresh process: kernels
-    interpreted earlier in this process (``fused_cases.interpreted``) leave interpreter
-    functions referenced, which ``triton.compile`` refuses."""
+    interpreted earlier in this process (``fused_cases.interpreted``) leave
+    interpreter functions referenced, which ``triton.compile`` refuses."""
     code = (f'import sys; sys.path.insert(0, {str(HERE)!r}); '
             f'import test_dpc_knn_fused as t; t.compile_and_check({arch})')
     proc = subprocess.run([sys.executable, '-c', code], capture_output=True,

@@ -19,7 +19,8 @@ mkdir -p "$OUT"
 TIER=${PIPESTATUS[0]}
 MODELS=(clustr-s-exact clustr-s-window paca-s pvtv2-b2 swin-t)
 # 224 first, with the kernel profile of each model (where ClusTR-S's time
-# goes: 0.23x PVTv2-b2 on an H200 with the row scan, 2026-11-26); tf32x3 only changes ClusTR
+# goes: 0.23x PVTv2-b2 on an H200 with the row scan, 2026-11-26); tf32x3
+# only changes ClusTR
 "$PY" tools/analysis/benchmark.py --device cuda --amp bf16 --batch 128 \
   --sizes 224 --train-step --profile --models "${MODELS[@]}" \
   --out "$OUT/bench-224-ieee.json" 2>&1 | tee "$OUT/bench-224-ieee.log"

@@ -19,11 +19,11 @@ Medians over a window keep one iteration's transient allocations out of the
 two end points. glibc's malloc raises its mmap threshold as large blocks are
 freed and then keeps freed tensor buffers in the heap, which made single
 iterations swing by up to 34 MiB (2026-11-26, 2-core CPU, four runs side by
-side) and once moved the median by 12 MiB. The tool therefore fixes the threshold
-(``--mmap-threshold-kib``, default 128, glibc's initial value; 0 leaves
-malloc's dynamic threshold alone): buffers above it are returned when freed,
-and the RSS follows live memory within about 2 MiB. Other C libraries are
-left as they are; the JSON line says which threshold applied.
+side) and once moved the median by 12 MiB. The tool therefore fixes the
+threshold (``--mmap-threshold-kib``, default 128, glibc's initial value; 0
+leaves malloc's dynamic threshold alone): buffers above it are returned when
+freed, and the RSS follows live memory within about 2 MiB. Other C libraries
+are left as they are; the JSON line says which threshold applied.
 
 Prints one ``[memory-soak] {json}`` line; with ``--max-growth-mb`` exits 1
 when the growth exceeds it. Data loader worker processes (``num_workers`` >

@@ -29,8 +29,8 @@ and every timed iteration, the image size the model received (H, W of the
 first image, before batch padding) and the batch, and the peak memory
 (GPU: the largest ``torch.cuda.max_memory_allocated`` read at the end of
 each timed iteration, since MMEngine's log processor resets the peak
-statistics whenever it logs; CPU: the process's peak RSS). Prints one ``[train-speed] {json}`` line, also
-written to ``--out``.
+statistics whenever it logs; CPU: the process's peak RSS). Prints one
+``[train-speed] {json}`` line, also written to ``--out``.
 """
 import argparse
 import json

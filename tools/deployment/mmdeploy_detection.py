@@ -224,10 +224,10 @@ def main(argv=None) -> int:
         dets, labels, _ = exported(inputs, data['data_samples'])
         onnx_dets, onnx_labels = session.run(
             ['dets', 'labels'], {'input': inputs.numpy()})[:2]
+        exported_dets = _as_detections(dets, labels)
         graph = compare_detections(
-            _as_detections(dets, labels),
-            _as_detections(onnx_dets, onnx_labels), keep_top_k,
-            args.box_tol, args.score_tol)
+            exported_dets, _as_detections(onnx_dets, onnx_labels),
+            keep_top_k, args.box_tol, args.score_tol)
         torch_self = None
         for seed in range(args.noise_draws if not graph['ok'] else 0):
             noise = torch.randn(inputs.shape,
@@ -235,9 +235,8 @@ def main(argv=None) -> int:
             moved, moved_labels, _ = exported(
                 inputs * (1 + args.noise * noise), data['data_samples'])
             torch_self = dict(compare_detections(
-                _as_detections(dets, labels),
-                _as_detections(moved, moved_labels), keep_top_k,
-                args.box_tol, args.score_tol), draw=seed)
+                exported_dets, _as_detections(moved, moved_labels),
+                keep_top_k, args.box_tol, args.score_tol), draw=seed)
             if not torch_self['ok']:
                 break
         status = verdict(graph, torch_self)
