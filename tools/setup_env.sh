@@ -12,9 +12,10 @@
 # Override the venv path with CLUSTR_MM_VENV, the base interpreter with
 # CLUSTR_MM_PYTHON.
 #
-# The mmcv 2.1.0 wheel (about 16 min to compile on 2 cores) is cached outside the
-# repo in ${CLUSTR_MM_CACHE:-~/.cache/clustr_mm}, keyed by mmcv, torch, python
-# and device flavour, so the build happens once per machine and stack.
+# The mmcv 2.1.0 wheel (about 6 min to compile on 2 cores, 31 with CUDA ops) is
+# cached outside the repo in ${CLUSTR_MM_CACHE:-~/.cache/clustr_mm}, keyed by
+# mmcv, torch, python and device flavour, so the build happens once per
+# machine and stack.
 #
 # mmcv's ops flavour: CUDA ops where nvcc and a GPU are present, CPU ops
 # otherwise. CLUSTR_MM_MMCV_CUDA=1 asks for the CUDA ops on a build node
@@ -134,7 +135,9 @@ else
   WHEEL_DIR="$CACHE/mmcv-$MMCV_VERSION-torch$TORCH_V-$PY_TAG-$WHEEL_KEY"
   if ! ls "$WHEEL_DIR"/mmcv-*.whl >/dev/null 2>&1; then
     BUILD=$(mktemp -d)
-    echo "[setup_env] building mmcv from source ($FLAVOUR ops); about 6 min on 2 cores with GCC (CPU ops), once per machine"
+    # times measured on a 2-core machine with GCC (docs/environments.md)
+    if [ "$FLAVOUR" = cuda ]; then EXPECT="31 min for two archs"; else EXPECT="6 min"; fi
+    echo "[setup_env] building mmcv from source ($FLAVOUR ops); about $EXPECT on 2 cores, once per machine"
     "${PIP[@]}" download -q --no-deps --no-binary :all: --no-build-isolation \
       "mmcv==$MMCV_VERSION" -d "$BUILD"
     tar -xzf "$BUILD"/mmcv-*.tar.gz -C "$BUILD"
