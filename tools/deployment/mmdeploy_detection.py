@@ -166,6 +166,27 @@ def _as_detections(dets, labels) -> Dict[str, np.ndarray]:
                 labels=labels.astype(np.int64))
 
 
+def noise_probe(exported, inputs, data_samples, reference, keep_top_k,
+                args) -> dict:
+    """PyTorch's exported forward against its own ``reference`` detections
+    on ``inputs * (1 + args.noise * N(0, 1))``, seeded draws 0, 1, ... up to
+    ``args.noise_draws``: the comparison (with its ``draw``) of the first
+    draw that moves a detection, else of the last; None without draws."""
+    import torch
+    result = None
+    for seed in range(args.noise_draws):
+        noise = torch.randn(inputs.shape,
+                            generator=torch.Generator().manual_seed(seed))
+        moved, moved_labels, _ = exported(inputs * (1 + args.noise * noise),
+                                          data_samples)
+        result = dict(compare_detections(
+            reference, _as_detections(moved, moved_labels), keep_top_k,
+            args.box_tol, args.score_tol), draw=seed)
+        if not result['ok']:
+            break
+    return result
+
+
 def rewritten_forward(model, deploy_cfg):
     """``fn(inputs, data_samples)``: ``model``'s forward as mmdeploy exports
     it (its module patches and function rewriters active), run in PyTorch:
@@ -228,17 +249,9 @@ def main(argv=None) -> int:
         graph = compare_detections(
             exported_dets, _as_detections(onnx_dets, onnx_labels),
             keep_top_k, args.box_tol, args.score_tol)
-        torch_self = None
-        for seed in range(args.noise_draws if not graph['ok'] else 0):
-            noise = torch.randn(inputs.shape,
-                                generator=torch.Generator().manual_seed(seed))
-            moved, moved_labels, _ = exported(
-                inputs * (1 + args.noise * noise), data['data_samples'])
-            torch_self = dict(compare_detections(
-                exported_dets, _as_detections(moved, moved_labels),
-                keep_top_k, args.box_tol, args.score_tol), draw=seed)
-            if not torch_self['ok']:
-                break
+        torch_self = None if graph['ok'] else noise_probe(
+            exported, inputs, data['data_samples'], exported_dets,
+            keep_top_k, args)
         status = verdict(graph, torch_self)
         raw, _ = processor.create_input(image, input_shape)
         with torch.no_grad():
