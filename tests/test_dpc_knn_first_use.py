@@ -44,7 +44,7 @@ _WRONG = {}
 
 
 def _scaled_tile(*args):
-    """The kernels' distance tile, ``_WRONG['factor']`` times too large
+    """The kernels' distances, ``_WRONG['factor']`` times too large
     (interpreted; the interpreter recompiles a kernel from its source in
     its module's globals, so no closure)."""
     return _WRONG['tile'](*args) * _WRONG['factor']
@@ -54,9 +54,9 @@ def wrong_distances(monkeypatch, factor=1.01):
     """Patch the kernels (under the interpreter) so that every distance
     they compute is ``factor`` times too large."""
     from triton.runtime.interpreter import InterpretedFunction
-    monkeypatch.setitem(_WRONG, 'tile', fused._distance_tile)
+    monkeypatch.setitem(_WRONG, 'tile', fused._distances)
     monkeypatch.setitem(_WRONG, 'factor', factor)
-    monkeypatch.setattr(fused, '_distance_tile',
+    monkeypatch.setattr(fused, '_distances',
                         InterpretedFunction(_scaled_tile))
 
 

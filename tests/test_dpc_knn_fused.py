@@ -31,8 +31,9 @@ CASES = [((7, 9), None, 2, 3, 8), ((9, 9), None, 2, 1, 4),
          ((16, 20), 8, 4, 2, 20)]
 # Pass 1 alone, (tokens, windows, channels): one partial block, one whole
 # block, two to four blocks of 64 with a partial last one.
+# With 16, 32 or 64 channels pass 1 loads a row block's channels once.
 PASS1_CASES = [(10, 2, 8), (64, 1, 4), (100, 3, 6), (150, 2, 5),
-               (230, 2, 16)]
+               (230, 2, 16), (130, 2, 32), (200, 1, 64)]
 
 
 def pass1_matches_full_matrix(n, g, c):
@@ -46,17 +47,20 @@ def pass1_matches_full_matrix(n, g, c):
     invalid[0, -1] = invalid[-1, 0] = True
     x[invalid] = 0
     _, _, tie = augment(x, None, invalid)
-    sq = x.pow(2).sum(-1)
     k = min(5, n)
-    knn, rowmax, first = fused._knn_pass(x, sq, (~invalid).to(torch.int8),
-                                         tie, k, 'ieee')
-    d = sq[:, :, None] + sq[:, None, :] - 2 * x @ x.transpose(1, 2)
+    hi, lo, sq, tie_k = fused._prep(x, invalid, 'ieee')
+    knn, _, rowmax, first = fused._knn_pass(hi, lo, sq, tie_k, None, k,
+                                            'ieee')
+    d = x.pow(2).sum(-1)[:, :, None] + x.pow(2).sum(-1)[:, None, :] - (
+        2 * x @ x.transpose(1, 2))
     d = d.masked_fill(invalid[:, :, None] | invalid[:, None, :],
                       float('inf'))
     d.diagonal(dim1=1, dim2=2).zero_()
-    return [torch.equal(knn, d.topk(k, -1, largest=False).values),
+    near = d.topk(k, -1, largest=False).values
+    return [torch.equal(tie_k, tie),
+            torch.equal(knn, near.masked_fill(near <= tie[..., None], 0.0)),
             torch.equal(rowmax, d.nan_to_num(posinf=0.0).amax(-1)),
-            torch.equal(first.long(), first_duplicate(d, tie))]
+            torch.equal(first, first_duplicate(d, tie))]
 
 
 def near_duplicates(b, n, c):
@@ -84,11 +88,12 @@ def interpreted_cases():
         calls.append(1)
         return passes(*args)
 
-    def knn_seen(x, sq, ok, tie, k, precision):
+    def knn_seen(hi, lo, sq, tie, *rest):
         # the precision the kernels get, and the tie threshold per |x|^2
-        seen.append((precision, float((tie / sq)[sq > 0].amax()),
-                     x.shape[-1]))
-        return knn_pass(x, sq, ok, tie, k, precision)
+        real = (sq > 0) & (sq < float('inf'))
+        seen.append((rest[-1], float((tie / sq)[real].amax()),
+                     hi.shape[-1]))
+        return knn_pass(hi, lo, sq, tie, *rest)
 
     fused._triton_passes, fused._knn_pass = counted, knn_seen
     out = dict(ids={}, model={})
@@ -289,7 +294,7 @@ def test_backbone_reducer_config_sets_precision():
 def test_pass1_equals_full_distance_matrix(interpreted):
     assert len(interpreted['pass1']) == len(PASS1_CASES)
     bad = {k: v for k, v in interpreted['pass1'].items() if not all(v)}
-    assert not bad, bad  # [knn values, rowmax, first] equal
+    assert not bad, bad  # [tie, knn values, rowmax, first] equal
 
 
 @pytest.mark.slow
@@ -378,35 +383,100 @@ def test_kernels_compile_for_gpus(arch):
 
 
 def compile_and_check(arch):
-    """Compile every kernel for ``arch`` and check ptxas's usage."""
+    """Compile every kernel for ``arch`` in the layouts the op launches
+    (ClusTR's 64 and 256 channels: rows loaded once or per tile) and check
+    ptxas's usage; for pass 1 at 64 channels in 'tf32x3' (stage 1), the
+    tile loop's instructions per distance and that the selection adds no
+    shuffle and no barrier to it (the two barriers left stage the column
+    tile in shared memory for the tensor-core products)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from clustr_mm.models.layers.dpc_knn import fused as f
-    tiles = dict(BLOCK=f.BLOCK, BLOCK_C=f.BLOCK_C)
-    sizes = dict(n='i32', C='i32')
+    device = torch.device('cuda', 0)
+    f._arch.cache_clear()
     kernels = {}
-    for precision in ('ieee', 'tf32x3'):  # the products' precisions
-        tiles_p = dict(tiles, PRECISION=precision)
-        kernels[f'_knn_kernel-{precision}'] = (f._knn_kernel, dict(
-            x_ptr='*fp32', sq_ptr='*fp32', ok_ptr='*i8', tie_ptr='*fp32',
-            knn_ptr='*fp32', rowmax_ptr='*fp32', first_ptr='*i32', **sizes),
-            dict(K=5, KP=8), tiles_p,
-            f.KNN_WARPS_SM90 if arch >= 90 else f.KNN_WARPS_OTHER)
-        kernels[f'_denser_kernel-{precision}'] = (f._denser_kernel, dict(
-            xo_ptr='*fp32', sqo_ptr='*fp32', oko_ptr='*i8', out_ptr='*fp32',
-            **sizes), {}, tiles_p, f.DENSER_WARPS)
+    for c in (64, 256):
+        for precision in ('ieee', 'tf32x3'):  # the products' precisions
+            f._arch = lambda _: arch // 10  # noqa: E731 (no GPU here)
+            config = f.kernel_config(device, c, precision)
+            tiles = dict(BLOCK=f.BLOCK, BLOCK_C=f.BLOCK_C, C=c,
+                         MASKED=False, PRECISION=precision)
+            kernels[f'_knn_kernel-{precision}-{c}'] = (f._knn_kernel, dict(
+                x_ptr='*fp32', lo_ptr='*fp32', sq_ptr='*fp32',
+                tie_ptr='*fp32', scale_ptr='*fp32', knn_ptr='*fp32',
+                rho_ptr='*fp32', rowmax_ptr='*fp32', first_ptr='*i64',
+                n='i32'), dict(tiles, K=5, BLOCK_N=f.KNN_BLOCK_N,
+                               HAS_SCALE=False, LIBDEVICE=True,
+                               ROWS_ONCE=config.rows_once), config.warps)
+            kernels[f'_denser_kernel-{precision}-{c}'] = (
+                f._denser_kernel, dict(
+                    x_ptr='*fp32', lo_ptr='*fp32', sq_ptr='*fp32',
+                    tie_ptr='*fp32', order_ptr='*i64', rho_ptr='*fp32',
+                    rowmax_ptr='*fp32', delta2_ptr='*fp32',
+                    score_ptr='*fp32', n='i32'),
+                dict(tiles, ROWS_ONCE=config.rows_once,
+                     BLOCK_C=f.DENSER_BLOCK_C), f.DENSER_WARPS)
+    kernels['_prep_kernel'] = (f._prep_kernel, dict(
+        x_ptr='*fp32', pad_ptr='*u8', hi_ptr='*fp32', lo_ptr='*fp32',
+        sq_ptr='*fp32', tie_ptr='*fp32', total='i32'), dict(
+        TIE=1e-5, C=64, BLOCK_R=32, BLOCK_C=64, HAS_PAD=True, SPLIT=True),
+        4)
+    kernels['_assign_kernel'] = (f._assign_kernel, dict(
+        x_ptr='*fp32', sq_ptr='*fp32', tie_ptr='*fp32', centers_ptr='*i64',
+        slots_ptr='*u8', out_ptr='*i64', n='i32', G='i32', num='i32',
+        count0='i32'), dict(C=64, S=2, HAS_SLOTS=True, BLOCK=f.BLOCK,
+                            BLOCK_K=f.BLOCK_K, BLOCK_C=f.BLOCK_C),
+        f.ASSIGN_WARPS)
     usage = {}
-    for name, (fn, sig, consts, blocks, warps) in kernels.items():
-        consts = dict(consts, **blocks)
+    for name, (fn, sig, consts, warps) in kernels.items():
         sig.update(dict.fromkeys(consts, 'constexpr'))
         src = ASTSource(fn, sig, consts)
+        stages = 3 if fn in (f._prep_kernel, f._assign_kernel) else 1
         kernel = triton.compile(src, target=GPUTarget('cuda', arch, 32),
-                                options=dict(num_warps=warps))
+                                options=dict(num_warps=warps,
+                                             num_stages=stages))
         assert kernel.asm['cubin'][:4] == b'\x7fELF'
         usage[name] = _ptxas_usage(kernel, arch)
-        print(f'sm_{arch} {name} PTX instructions: '
+        print(f'sm_{arch} {name} ({warps} warps) PTX instructions: '
               f'{ptx_instruction_census(kernel.asm["ptx"])}')
+        if name == '_knn_kernel-tf32x3-64':
+            per_thread = f.BLOCK * f.KNN_BLOCK_N // (32 * warps)
+            loop = tile_loop_census(kernel.asm['ptx'], 1, per_thread)
+            print(f'sm_{arch} {name} tile loop: {loop}')
+            assert loop['shfl'] == 0 and loop['bar'] <= 2, loop
+            # sm_90: 37.6 (wgmma); sm_80: 48.2 (mma.sync m16n8k8 takes
+            # 3x the instructions for the same products)
+            assert loop['per_distance'] <= (40 if arch >= 90 else 50), loop
     print(f'sm_{arch} (registers, spill stores, spill loads): {usage}')
     for name, (regs, stores, loads) in usage.items():
         assert regs <= 255 and stores == loads == 0, (name, usage)
+
+
+def tile_loop_census(ptx, trips, distances):
+    """Instructions of pass 1's tile loop (the outermost loop of the PTX,
+    found by its backward branch): per kind (shuffles, barriers) and per
+    distance. A loop nested in it (the channel steps) counts ``trips``
+    times; ``distances``: distances a thread computes per tile."""
+    lines = ptx.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines)
+              for m in [re.match(r'^(\$L__\w+):', line.strip())] if m}
+    loops = [(labels[m.group(1)], i) for i, line in enumerate(lines)
+             for m in [re.search(r'\bbra(?:\.uni)?\s+(\$L__\w+);', line)]
+             if m and labels.get(m.group(1), i) < i]
+    start, stop = max(loops, key=lambda span: span[1] - span[0])
+    inner = [(a, b) for a, b in loops if start < a and b < stop]
+
+    def kinds(a, b):
+        return collections.Counter(
+            m.group(1).split('.')[0] for line in lines[a:b + 1]
+            for m in [re.match(r'^\s+(?:@!?%p\d+\s+)?([a-z][\w.]*)', line)]
+            if m)
+    ops = kinds(start, stop)
+    for a, b in inner:  # executed trips times, counted once above
+        for op, count in kinds(a, b).items():
+            ops[op] += count * (trips - 1)
+    total = sum(ops.values())
+    return dict(instructions=total, per_distance=round(total / distances, 1),
+                shfl=ops['shfl'], bar=ops['bar'], mma=ops['mma'] +
+                ops['wgmma'], selection=ops['min'] + ops['max'])

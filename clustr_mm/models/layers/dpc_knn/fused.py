@@ -2,34 +2,42 @@
 never write the distance block (the remedy FlashAttention made for
 attention).
 
-* Pass 1 (:func:`_knn_kernel`): each row block scans every column tile,
-  its own first, and keeps its rows' k smallest squared distances (self
-  included), largest distance to a real token and first near-duplicate. A
-  tile gives up only as many smallest values as its row with the most
-  entries under that row's current k-th nearest has, so after the first
-  tiles most give up none or one (the k-nearest selection, not the distance
-  products, was what pass 1 spent its time on; docs/benchmarks.md). It
-  computes each distance in both orientations, bitwise equal with IEEE
-  products (one FMA chain per entry over the channels in order; a*b and
-  sq_i + sq_j commute); with 'tf32x3' they may differ by round-off within
-  the tie threshold.
-* Pass 2 (:func:`_denser_kernel`): rows and columns in density order, so a
-  row block scans only the columns before it (the denser tokens): the
-  smallest squared distance to a denser token.
-* Pass 3, the nearest center, is small (n x K) and runs in torch, as do the
-  steps between the passes (:mod:`.reference`).
+Five launches of its own and three of torch per call:
 
-Distances are fp32 with IEEE products by default (``input_precision='ieee'``:
-never TF32), ``|a|^2 + |b|^2 - 2 a.b`` like the other backends, ties
-broken alike (:mod:`.reference`). ``precision='tf32x3'`` (opt in) makes the
-kernels' products 3xTF32 on tensor cores (hi*hi + hi*lo + lo*hi, tf32
-halves of each fp32 operand) with the tie threshold of that precision
-(:func:`~.reference.tie_tolerance`); pass 3 stays IEEE fp32. Padded
+* :func:`_prep_kernel`: |x|^2 (+inf at padding, so every distance to or
+  from a padded slot is +inf without a mask), the tie threshold and, for
+  'tf32x3', the tf32 hi/lo halves of the tokens, once per call.
+* Pass 1 (:func:`_knn_kernel`): each row block scans every column tile,
+  its own first. The selection needs no work across threads inside the
+  tile loop: every accumulator position (row, lane) keeps a sorted list of
+  the k smallest distances it has seen (an insertion network of k min/max
+  pairs, elementwise), its largest finite distance and its first column
+  within the tie threshold; each row's k smallest are among the k smallest
+  of its own lanes, so one reduction per row block after the loop gives
+  exactly the row's k nearest. Its store computes the raw density
+  ``exp(-mean / C)`` (ties snapped, short windows rescaled, padding -1).
+* torch: the density of the first duplicate (one gather) and the density
+  order (one stable sort).
+* Pass 2 (:func:`_denser_kernel`): rows and columns in density order (read
+  through the order, no copy of the tokens), a row block scans only the
+  columns before it (the denser tokens), keeping an elementwise running
+  minimum; its store writes the squared distance to the nearest denser
+  token and the center score ``rho * sqrt(delta2 / C)`` (-inf at padding).
+* torch: the centers (one stable sort of the scores).
+* :func:`_assign_kernel`: the nearest center of every token for every
+  scale, ids written directly (no (G, n, K) block).
+
+Distances are ``|a|^2 + |b|^2 - 2 a.b`` like the other backends, ties
+broken alike (:mod:`.reference`). ``precision`` sets passes 1 and 2's
+products: 'tf32x3' (the default for ClusTR: 3xTF32 on tensor cores,
+hi*hi + hi*lo + lo*hi of the tf32 halves, with the tie threshold of that
+precision, :func:`~.reference.tie_tolerance`) or 'ieee' (fp32 FMA products,
+never TF32). The assignment's products are always IEEE fp32. Padded
 positions are infinitely far and least dense. The whole clustering of a
 window group is the op ``torch.ops.clustr_mm.dpc_knn``
-(``torch.library.custom_op``, torch >= 2.4):
-``torch.compile(fullgraph=True)``, CUDA graphs and the op census see one op;
-it has a fake implementation for shapes and a FLOP formula.
+(``torch.library.custom_op``, torch >= 2.4): ``torch.compile(
+fullgraph=True)``, CUDA graphs and the op census see one op; it has a fake
+implementation for shapes and a FLOP formula.
 
 The dispatch chooses this backend by itself only for CUDA tensors with
 Triton and ``custom_op`` (:func:`why_not`). A plan that names it (e.g. the
@@ -41,20 +49,23 @@ kernels on the CPU for tests.
 """
 import functools
 import os
-from typing import List, Optional, Sequence
+from typing import List, NamedTuple, Optional, Sequence
 
 import torch
 
 from . import blocked
 from .common import FUSED_PLAN, ClusteringPlan, Padding, Windows
-from .reference import (augment, centers_by_score, check_precision, density,
-                        gather_columns, nearest_center, record)
+from .reference import check_precision, record, tie_tolerance
 
 try:
     import triton
     import triton.language as tl
 except ImportError:  # CPU-only builds of torch, or no triton
     triton = tl = None
+try:  # exp correctly rounded on the GPU (tl.exp is ex2.approx there)
+    from triton.language.extra import libdevice
+except ImportError:
+    libdevice = None
 
 NAME = 'fused'
 HAS_CUSTOM_OP = hasattr(torch.library, 'custom_op')
@@ -62,197 +73,527 @@ HAS_CUSTOM_OP = hasattr(torch.library, 'custom_op')
 # before the kernels are defined.
 INTERPRET = os.environ.get('TRITON_INTERPRET') == '1'
 
-# Tiles: BLOCK x BLOCK distances, BLOCK_C channels per product step.
-BLOCK, BLOCK_C = 64, 16
-# Warps per kernel. Pass 1 on an H200 (sm_90) at ClusTR-S's stage 1 took
-# 19 ms (ieee) / 6 ms (tf32x3) at 4 warps, 31 / 16 at 8 and 33 / 22 at 16
-# (docs/benchmarks.md); at 4 it has 255 registers and no spills there, but
-# spills on sm_80, which gets 8 (no spills; its speed is not measured).
-KNN_WARPS_SM90, KNN_WARPS_OTHER, DENSER_WARPS = 4, 8, 8
+# Tiles: BLOCK x BLOCK distances, BLOCK_C channels per product step;
+# BLOCK_K centers per step of the assignment.
+BLOCK, BLOCK_C, BLOCK_K = 64, 16, 64
+# Columns per tile of pass 1: it keeps k + 2 (BLOCK, KNN_BLOCK_N) tensors
+# in registers (16 registers each a thread at 4 warps), so k <= MAX_K.
+KNN_BLOCK_N, MAX_K = 32, 8
+# Pass 2 (one (BLOCK, BLOCK) minimum in registers) and the assignment:
+# warps, and pass 2's channels per product step (16 spill on sm_80).
+DENSER_WARPS, DENSER_BLOCK_C, ASSIGN_WARPS = 4, 8, 8
 
 
 if triton is not None:
 
     @triton.jit
-    def _distance_tile(x_ptr, sq_ptr, ok_ptr, base, rows, cols, n, C,
-                       BLOCK_C: tl.constexpr, PRECISION: tl.constexpr):
-        """(BM, BN) squared distances of tokens ``rows`` and ``cols``
-        (positions in the window starting at ``base``): +inf where either
-        is padding or out of range, 0 on the diagonal; products in
-        ``PRECISION`` ('ieee' or 'tf32x3')."""
-        rmask, cmask = rows < n, cols < n
-        acc = tl.zeros((rows.shape[0], cols.shape[0]), tl.float32)
+    def _prep_kernel(x_ptr, pad_ptr, hi_ptr, lo_ptr, sq_ptr, tie_ptr, total,
+                     TIE: tl.constexpr, C: tl.constexpr,
+                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                     HAS_PAD: tl.constexpr, SPLIT: tl.constexpr):
+        """Per token: |x|^2 (+inf where padded), tie threshold TIE |x|^2
+        and, with SPLIT, the tf32 halves hi = tf32(x), lo = tf32(x - hi)
+        (round to nearest, ties away from zero, as ``cvt.rna.tf32.f32`` and
+        :func:`~.reference.tf32_split`). Grid: token blocks."""
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0,
+                                                                   BLOCK_R)
+        rmask = rows < total
+        sq = tl.zeros((BLOCK_R, ), tl.float32)
         for c0 in range(0, C, BLOCK_C):
             ch = c0 + tl.arange(0, BLOCK_C)
-            a = tl.load(x_ptr + (base + rows)[:, None] * C + ch[None, :],
-                        mask=rmask[:, None] & (ch[None, :] < C), other=0.0)
-            b = tl.load(x_ptr + (base + cols)[None, :] * C + ch[:, None],
-                        mask=cmask[None, :] & (ch[:, None] < C), other=0.0)
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
-        sq_r = tl.load(sq_ptr + base + rows, mask=rmask, other=0.0)
-        sq_c = tl.load(sq_ptr + base + cols, mask=cmask, other=0.0)
-        ok_r = tl.load(ok_ptr + base + rows, mask=rmask, other=0) != 0
-        ok_c = tl.load(ok_ptr + base + cols, mask=cmask, other=0) != 0
-        d = sq_r[:, None] + sq_c[None, :] - 2.0 * acc
-        d = tl.where(ok_r[:, None] & ok_c[None, :], d, float('inf'))
-        return tl.where(rows[:, None] == cols[None, :], 0.0, d)
+            at = rows[:, None] * C + ch[None, :]
+            m = rmask[:, None] & (ch[None, :] < C)
+            v = tl.load(x_ptr + at, mask=m, other=0.0)
+            sq += tl.sum(v * v, 1)
+            if SPLIT:
+                hi = ((v.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(
+                    tl.float32, bitcast=True)
+                r = v - hi
+                lo = ((r.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(
+                    tl.float32, bitcast=True)
+                tl.store(hi_ptr + at, hi, mask=m)
+                tl.store(lo_ptr + at, lo, mask=m)
+        tl.store(tie_ptr + rows, sq * TIE, mask=rmask)
+        if HAS_PAD:
+            pad = tl.load(pad_ptr + rows, mask=rmask, other=0) != 0
+            sq = tl.where(pad, float('inf'), sq)
+        tl.store(sq_ptr + rows, sq, mask=rmask)
 
     @triton.jit
-    def _keep(best, v, slot):
-        """Put ``v`` (B,) in place of each row's largest value in ``best``
-        (B, KP) where it is smaller."""
-        worst, at = tl.max(best, axis=1, return_indices=True)
-        return tl.where((slot[None, :] == at[:, None]) & (v < worst)[:, None],
-                        v[:, None], best)
+    def _products(a_ptr, alo_ptr, rtok, rmask, ctok, cmask,
+                  C: tl.constexpr, BLOCK_C: tl.constexpr,
+                  PRECISION: tl.constexpr, MASKED: tl.constexpr):
+        """(BM, BN) dot products of tokens ``rtok`` and ``ctok`` (flat token
+        indices; masked loads only where MASKED): one fp32 FMA chain per
+        entry over the channels in order ('ieee'), or the 3xTF32 sum of the
+        pre-split halves ``a_ptr`` (hi) and ``alo_ptr`` (lo) on tensor
+        cores ('tf32x3')."""
+        acc = tl.zeros((rtok.shape[0], ctok.shape[0]), tl.float32)
+        for c0 in range(0, C, BLOCK_C):
+            ch = c0 + tl.arange(0, BLOCK_C)
+            ra = rtok[:, None] * C + ch[None, :]
+            cb = ctok[None, :] * C + ch[:, None]
+            if MASKED:
+                ma = rmask[:, None] & (ch[None, :] < C)
+                mb = cmask[None, :] & (ch[:, None] < C)
+                a = tl.load(a_ptr + ra, mask=ma, other=0.0)
+                b = tl.load(a_ptr + cb, mask=mb, other=0.0)
+            else:
+                a = tl.load(a_ptr + ra)
+                b = tl.load(a_ptr + cb)
+            if PRECISION == 'tf32x3':
+                if MASKED:
+                    al = tl.load(alo_ptr + ra, mask=ma, other=0.0)
+                    bl = tl.load(alo_ptr + cb, mask=mb, other=0.0)
+                else:
+                    al = tl.load(alo_ptr + ra)
+                    bl = tl.load(alo_ptr + cb)
+                acc = tl.dot(al, b, acc, input_precision='tf32')
+                acc = tl.dot(a, bl, acc, input_precision='tf32')
+                acc = tl.dot(a, b, acc, input_precision='tf32')
+            else:
+                acc = tl.dot(a, b, acc, input_precision='ieee')
+        return acc
 
     @triton.jit
-    def _no_results(BLOCK: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
-                    n):
-        """Empty results of :func:`_knn_kernel` for BLOCK tokens; slots past K
-        hold -inf, so they are never the largest kept value."""
-        slot = tl.arange(0, KP)
-        best = tl.where(slot[None, :] < K,
-                        tl.full((BLOCK, KP), float('inf'), tl.float32),
-                        float('-inf'))
-        return (best, tl.zeros((BLOCK, ), tl.float32),
-                tl.full((BLOCK, ), n, tl.int32))
+    def _dot(a, al, b, bl, PRECISION: tl.constexpr):
+        """a @ b in PRECISION; ``al``/``bl``: the lo halves ('tf32x3')."""
+        if PRECISION == 'tf32x3':
+            acc = tl.dot(al, b, input_precision='tf32')
+            acc = tl.dot(a, bl, acc, input_precision='tf32')
+            return tl.dot(a, b, acc, input_precision='tf32')
+        return tl.dot(a, b, input_precision='ieee')
 
     @triton.jit
-    def _store_results(knn_ptr, rowmax_ptr, first_ptr, base, rows, best,
-                       top, first, n, K: tl.constexpr):
-        """Write the K kept values of each row ascending (like topk), its
-        largest distance and first duplicate."""
-        rmask = rows < n
-        slot = tl.arange(0, best.shape[1])
-        best = tl.where(slot[None, :] < K, best, float('inf'))
-        for j in tl.static_range(K):
-            v, at = tl.min(best, axis=1, return_indices=True)
-            tl.store(knn_ptr + (base + rows) * K + j, v, mask=rmask)
-            best = tl.where(slot[None, :] == at[:, None], float('inf'), best)
-        tl.store(rowmax_ptr + base + rows, top, mask=rmask)
-        tl.store(first_ptr + base + rows, first, mask=rmask)
+    def _tokens(ptr, lo_ptr, tok, mask, C: tl.constexpr,
+                PRECISION: tl.constexpr, MASKED: tl.constexpr,
+                COLUMNS: tl.constexpr):
+        """All C channels of tokens ``tok``, (T, C), or (C, T) as COLUMNS,
+        and their lo halves ('tf32x3'; else the same tensor)."""
+        ch = tl.arange(0, C)
+        if COLUMNS:
+            at = tok[None, :] * C + ch[:, None]
+            m = mask[None, :]
+        else:
+            at = tok[:, None] * C + ch[None, :]
+            m = mask[:, None]
+        if MASKED:
+            v = tl.load(ptr + at, mask=m, other=0.0)
+        else:
+            v = tl.load(ptr + at)
+        lo = v
+        if PRECISION == 'tf32x3':
+            if MASKED:
+                lo = tl.load(lo_ptr + at, mask=m, other=0.0)
+            else:
+                lo = tl.load(lo_ptr + at)
+        return v, lo
 
     @triton.jit
-    def _knn_kernel(x_ptr, sq_ptr, ok_ptr, tie_ptr, knn_ptr, rowmax_ptr,
-                    first_ptr, n, C, K: tl.constexpr, KP: tl.constexpr,
-                    BLOCK: tl.constexpr, BLOCK_C: tl.constexpr,
-                    PRECISION: tl.constexpr):
-        """Pass 1: row block I folds every tile (I, J), its own first (in
-        raster order its neighbours fill the k nearest early), into its
-        rows' K smallest squared distances (ascending; +inf past a window's
-        tokens), largest distance to a real token (0 at least) and first
-        column within the tie threshold. From a tile it pops only as many
-        smallest values as the row with the most entries under its current
-        K-th nearest has (at most K): the others could not enter, so the K
-        kept are exactly those of folding all of them. Grid: (windows, row
-        blocks)."""
+    def _distances(sq_r, sq_c, acc):
+        """Squared distances |a|^2 + |b|^2 - 2 a.b of a tile from its
+        products (+inf where either token is padding: |x|^2 = +inf)."""
+        return sq_r[:, None] + sq_c[None, :] - 2.0 * acc
+
+    @triton.jit
+    def _insert(L0, L1, L2, L3, L4, L5, L6, L7, d, K: tl.constexpr):
+        """Insert ``d`` elementwise into the ascending lists L0..L{K-1}
+        (min/max pairs; the largest falls off)."""
+        if K > 1:
+            lo = tl.minimum(L0, d)
+            d = tl.maximum(L0, d)
+            L0 = lo
+        else:
+            L0 = tl.minimum(L0, d)
+        if K > 2:
+            lo = tl.minimum(L1, d)
+            d = tl.maximum(L1, d)
+            L1 = lo
+        elif K == 2:
+            L1 = tl.minimum(L1, d)
+        if K > 3:
+            lo = tl.minimum(L2, d)
+            d = tl.maximum(L2, d)
+            L2 = lo
+        elif K == 3:
+            L2 = tl.minimum(L2, d)
+        if K > 4:
+            lo = tl.minimum(L3, d)
+            d = tl.maximum(L3, d)
+            L3 = lo
+        elif K == 4:
+            L3 = tl.minimum(L3, d)
+        if K > 5:
+            lo = tl.minimum(L4, d)
+            d = tl.maximum(L4, d)
+            L4 = lo
+        elif K == 5:
+            L4 = tl.minimum(L4, d)
+        if K > 6:
+            lo = tl.minimum(L5, d)
+            d = tl.maximum(L5, d)
+            L5 = lo
+        elif K == 6:
+            L5 = tl.minimum(L5, d)
+        if K > 7:
+            lo = tl.minimum(L6, d)
+            d = tl.maximum(L6, d)
+            L6 = lo
+            L7 = tl.minimum(L7, d)
+        elif K == 7:
+            L6 = tl.minimum(L6, d)
+        return L0, L1, L2, L3, L4, L5, L6, L7
+
+    @triton.jit
+    def _pop(L0, L1, L2, L3, L4, L5, L6, L7, hit, K: tl.constexpr):
+        """Drop the head of the lists where ``hit`` (shift up, +inf in)."""
+        L0 = tl.where(hit, L1, L0)
+        if K > 2:
+            L1 = tl.where(hit, L2, L1)
+        if K > 3:
+            L2 = tl.where(hit, L3, L2)
+        if K > 4:
+            L3 = tl.where(hit, L4, L3)
+        if K > 5:
+            L4 = tl.where(hit, L5, L4)
+        if K > 6:
+            L5 = tl.where(hit, L6, L5)
+        if K > 7:
+            L6 = tl.where(hit, L7, L6)
+        return L0, L1, L2, L3, L4, L5, L6, L7
+
+    @triton.jit
+    def _knn_kernel(x_ptr, lo_ptr, sq_ptr, tie_ptr, scale_ptr, knn_ptr,
+                    rho_ptr, rowmax_ptr, first_ptr, n,
+                    C: tl.constexpr, K: tl.constexpr, BLOCK: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+                    PRECISION: tl.constexpr, MASKED: tl.constexpr,
+                    HAS_SCALE: tl.constexpr, LIBDEVICE: tl.constexpr,
+                    ROWS_ONCE: tl.constexpr):
+        """Pass 1 (module docstring): the BLOCK rows of row block I fold
+        every tile of BLOCK_N columns, theirs first; writes each row's K
+        smallest squared distances (ascending, +inf past a window's
+        tokens), largest distance to a real token (0 at least), first
+        column within the tie threshold and raw density. Grid: (windows,
+        row blocks)."""
         g = tl.program_id(0).to(tl.int64)
         blk = tl.program_id(1)
-        lane = tl.arange(0, BLOCK)
-        slot = tl.arange(0, KP)
-        rows = blk * BLOCK + lane
+        rows = blk * BLOCK + tl.arange(0, BLOCK)
+        lane = tl.arange(0, BLOCK_N)
+        rmask = rows < n
         base = g * n
-        tie = tl.load(tie_ptr + base + rows, mask=rows < n, other=0.0)
-        best, top, first = _no_results(BLOCK, K, KP, n)
-        tiles = tl.cdiv(n, BLOCK)
+        tie = tl.load(tie_ptr + base + rows, mask=rmask, other=0.0)
+        sq_r = tl.load(sq_ptr + base + rows, mask=rmask, other=float('inf'))
+        inf = tl.full((BLOCK, BLOCK_N), float('inf'), tl.float32)
+        L0, L1, L2, L3, L4, L5, L6, L7 = inf, inf, inf, inf, inf, inf, inf, inf
+        far = tl.zeros((BLOCK, BLOCK_N), tl.float32)
+        if ROWS_ONCE:  # the rows' channels loaded once, not per tile
+            a, al = _tokens(x_ptr, lo_ptr, base + rows, rmask, C, PRECISION,
+                            MASKED, False)
+        tiles = tl.cdiv(n, BLOCK_N)
+        own = blk * (BLOCK // BLOCK_N)  # the first tile of the rows' own
         for j in range(0, tiles):
-            cols = ((blk + j) % tiles) * BLOCK + lane
-            d = _distance_tile(x_ptr, sq_ptr, ok_ptr, base, rows, cols, n,
-                               C, BLOCK_C, PRECISION)
-            near = d <= tie[:, None]
-            first = tl.minimum(first,
-                               tl.min(tl.where(near, cols[None, :], n), 1))
-            top = tl.maximum(top, tl.max(tl.where(d < float('inf'), d, 0.0),
-                                         1))
-            worst = tl.max(best, axis=1)
-            under = tl.sum((d < worst[:, None]).to(tl.int32), axis=1)
-            pops = tl.minimum(tl.max(under, axis=0), K)
-            for _ in range(pops):
-                v, at = tl.min(d, axis=1, return_indices=True)
-                d = tl.where(lane[None, :] == at[:, None], float('inf'), d)
-                best = _keep(best, v, slot)
-        _store_results(knn_ptr, rowmax_ptr, first_ptr, base, rows, best, top,
-                       first, n, K)
+            cols = ((own + j) % tiles) * BLOCK_N + lane
+            cmask = cols < n
+            if ROWS_ONCE:
+                b, bl = _tokens(x_ptr, lo_ptr, base + cols, cmask, C,
+                                PRECISION, MASKED, True)
+                acc = _dot(a, al, b, bl, PRECISION)
+            else:
+                acc = _products(x_ptr, lo_ptr, base + rows, rmask,
+                                base + cols, cmask, C, BLOCK_C, PRECISION,
+                                MASKED)
+            sq_c = tl.load(sq_ptr + base + cols, mask=cmask,
+                           other=float('inf'))
+            d = _distances(sq_r, sq_c, acc)
+            if j < BLOCK // BLOCK_N:  # the own tiles: 0 on the diagonal
+                d = tl.where(rows[:, None] == cols[None, :], 0.0, d)
+            far = tl.maximum(far, tl.where(d < float('inf'), d, 0.0))
+            # a distance within the tie threshold is a duplicate: key
+            # col - n < 0, so duplicates come first, the lowest column
+            # first, and count as distance 0
+            key = tl.where(d <= tie[:, None],
+                           (cols - n).to(tl.float32)[None, :], d)
+            L0, L1, L2, L3, L4, L5, L6, L7 = _insert(
+                L0, L1, L2, L3, L4, L5, L6, L7, key, K)
+        # once per row block: the rows' K smallest keys of their lanes'
+        # lists; the first is a duplicate (the diagonal at the latest)
+        first = tl.where(rmask, tl.min(L0, 1) + n, 0.0)
+        total = tl.zeros((BLOCK, ), tl.float32)
+        for j in tl.static_range(K):
+            v, at = tl.min(L0, axis=1, return_indices=True)
+            v = tl.maximum(v, 0.0)
+            tl.store(knn_ptr + (base + rows) * K + j, v, mask=rmask)
+            if HAS_SCALE:  # short windows: +inf neighbours leave the mean
+                v = tl.where(v < float('inf'), v, 0.0)
+            total += v
+            L0, L1, L2, L3, L4, L5, L6, L7 = _pop(
+                L0, L1, L2, L3, L4, L5, L6, L7,
+                lane[None, :] == at[:, None], K)
+        mean = total / K
+        if HAS_SCALE:
+            mean = mean * tl.load(scale_ptr + g)
+        if LIBDEVICE:  # compiled: libdevice's exp, as torch's (1 ulp)
+            rho = libdevice.exp(mean / -C)
+        else:  # Triton's interpreter: numpy's
+            rho = tl.exp(mean / -C)
+        rho = tl.where(sq_r < float('inf'), rho, -1.0)
+        tl.store(rho_ptr + base + rows, rho, mask=rmask)
+        tl.store(rowmax_ptr + base + rows, tl.max(far, 1), mask=rmask)
+        tl.store(first_ptr + base + rows, first.to(tl.int64), mask=rmask)
 
     @triton.jit
-    def _denser_kernel(xo_ptr, sqo_ptr, oko_ptr, out_ptr, n, C,
-                       BLOCK: tl.constexpr, BLOCK_C: tl.constexpr,
-                       PRECISION: tl.constexpr):
-        """Pass 2, on tokens in density order: each row's smallest squared
-        distance to an earlier (denser) token; +inf for the first. Grid:
-        (windows, row blocks)."""
-        g = tl.program_id(0)
+    def _denser_kernel(x_ptr, lo_ptr, sq_ptr, tie_ptr, order_ptr, rho_ptr,
+                       rowmax_ptr, delta2_ptr, score_ptr, n,
+                       C: tl.constexpr, BLOCK: tl.constexpr,
+                       BLOCK_C: tl.constexpr, PRECISION: tl.constexpr,
+                       MASKED: tl.constexpr, ROWS_ONCE: tl.constexpr):
+        """Pass 2 (module docstring): for the tokens at positions
+        [start, start + BLOCK) of the density order, the smallest squared
+        distance to a token earlier in the order (+inf for the first), and
+        the center score. Grid: (windows, row blocks)."""
+        g = tl.program_id(0).to(tl.int64)
         start = tl.program_id(1) * BLOCK
         lane = tl.arange(0, BLOCK)
-        rows = start + lane
+        pos = start + lane
+        pmask = pos < n
         base = g * n
-        nearest = tl.full((BLOCK, ), float('inf'), tl.float32)
+        rows = tl.load(order_ptr + base + pos, mask=pmask, other=0)
+        sq_r = tl.load(sq_ptr + base + rows, mask=pmask, other=float('inf'))
+        if ROWS_ONCE:  # the rows' channels loaded once, not per tile
+            a, al = _tokens(x_ptr, lo_ptr, base + rows, pmask, C, PRECISION,
+                            MASKED, False)
+        near = tl.full((BLOCK, BLOCK), float('inf'), tl.float32)
         for c0 in range(0, start + BLOCK, BLOCK):
-            cols = c0 + lane
-            d = _distance_tile(xo_ptr, sqo_ptr, oko_ptr, base, rows, cols, n,
-                               C, BLOCK_C, PRECISION)
-            d = tl.where(cols[None, :] < rows[:, None], d, float('inf'))
-            nearest = tl.minimum(nearest, tl.min(d, axis=1))
-        tl.store(out_ptr + base + rows, nearest, mask=rows < n)
+            cpos = c0 + lane
+            cmask = cpos < n
+            cols = tl.load(order_ptr + base + cpos, mask=cmask, other=0)
+            if ROWS_ONCE:
+                b, bl = _tokens(x_ptr, lo_ptr, base + cols, cmask, C,
+                                PRECISION, MASKED, True)
+                acc = _dot(a, al, b, bl, PRECISION)
+            else:
+                acc = _products(x_ptr, lo_ptr, base + rows, pmask,
+                                base + cols, cmask, C, BLOCK_C, PRECISION,
+                                MASKED)
+            sq_c = tl.load(sq_ptr + base + cols, mask=cmask,
+                           other=float('inf'))
+            d = _distances(sq_r, sq_c, acc)
+            if c0 == start:  # the own tile: the columns before each row
+                d = tl.where(lane[None, :] < lane[:, None], d, float('inf'))
+            near = tl.minimum(near, d)
+        delta2 = tl.min(near, 1)
+        # the window's largest distance (the densest token's delta)
+        top = tl.zeros((BLOCK, ), tl.float32)
+        for c0 in range(0, n, BLOCK):
+            top = tl.maximum(top, tl.load(rowmax_ptr + base + c0 + lane,
+                                          mask=c0 + lane < n, other=0.0))
+        dmax2 = tl.max(top, 0)
+        tie = tl.load(tie_ptr + base + rows, mask=pmask, other=0.0)
+        dl = tl.minimum(delta2, dmax2)
+        dl = tl.where(dl <= tie, 0.0, dl)
+        rho = tl.load(rho_ptr + base + rows, mask=pmask, other=-1.0)
+        score = rho * tl.sqrt_rn(dl / C)
+        score = tl.where(sq_r < float('inf'), score, float('-inf'))
+        tl.store(delta2_ptr + base + rows, delta2, mask=pmask)
+        tl.store(score_ptr + base + rows, score, mask=pmask)
+
+    @triton.jit
+    def _nearest(best, idx, d, valid, k0):
+        """Running first minimum over center tiles (argmin's tie rule)."""
+        v, at = tl.min(tl.where(valid[None, :], d, float('inf')), axis=1,
+                       return_indices=True)
+        better = v < best
+        return tl.where(better, v, best), tl.where(better, k0 + at, idx)
+
+    @triton.jit
+    def _assign_kernel(x_ptr, sq_ptr, tie_ptr, centers_ptr, slots_ptr,
+                       out_ptr, n, G, num, count0, C: tl.constexpr,
+                       S: tl.constexpr, HAS_SLOTS: tl.constexpr,
+                       BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+                       BLOCK_C: tl.constexpr):
+        """Step 5 for S <= 2 scales: the id of each token's nearest center
+        per scale, (S, G, n) int64, IEEE fp32 products. Ties snapped to 0, a
+        center joins itself, the better-scored center wins ties; slot k is
+        a center of scale s where ``slots[s, g, k]`` (HAS_SLOTS) or, with
+        one scale, k < count0. Grid: (windows, row blocks)."""
+        g = tl.program_id(0).to(tl.int64)
+        lane = tl.arange(0, BLOCK)
+        rows = tl.program_id(1) * BLOCK + lane
+        rmask = rows < n
+        base = g * n
+        sq_r = tl.load(sq_ptr + base + rows, mask=rmask, other=float('inf'))
+        tie = tl.load(tie_ptr + base + rows, mask=rmask, other=0.0)
+        best0 = tl.full((BLOCK, ), float('inf'), tl.float32)
+        best1 = best0
+        idx0 = tl.zeros((BLOCK, ), tl.int32)
+        idx1 = idx0
+        for k0 in range(0, num, BLOCK_K):
+            slot = k0 + tl.arange(0, BLOCK_K)
+            kmask = slot < num
+            cid = tl.load(centers_ptr + g * num + slot, mask=kmask, other=0)
+            acc = _products(x_ptr, x_ptr, base + rows, rmask, base + cid,
+                            kmask, C, BLOCK_C, 'ieee', True)
+            sq_c = tl.load(sq_ptr + base + cid, mask=kmask,
+                           other=float('inf'))
+            d = _distances(sq_r, sq_c, acc)
+            d = tl.where(d <= tie[:, None], 0.0, d)
+            d = tl.where(cid[None, :] == rows[:, None], float('-inf'), d)
+            if HAS_SLOTS:
+                v0 = tl.load(slots_ptr + g * num + slot, mask=kmask,
+                             other=0) != 0
+            else:
+                v0 = slot < count0
+            best0, idx0 = _nearest(best0, idx0, d, v0, k0)
+            if S > 1:
+                v1 = tl.load(slots_ptr + (G + g) * num + slot, mask=kmask,
+                             other=0) != 0
+                best1, idx1 = _nearest(best1, idx1, d, v1, k0)
+        tl.store(out_ptr + base + rows, idx0.to(tl.int64), mask=rmask)
+        if S > 1:
+            tl.store(out_ptr + (G + g) * n + rows, idx1.to(tl.int64),
+                     mask=rmask)
+
+
+def _masked(n: int, c: int) -> bool:
+    """Whether the tiles need masked loads (a partial token block or
+    channel step)."""
+    return n % BLOCK != 0 or c % BLOCK_C != 0
+
+
+def _whole_rows(c: int) -> bool:
+    """Whether a row block's C channels fit in one product (a power of 2,
+    16 to 64)."""
+    return c in (16, 32, 64)
+
+
+class KernelConfig(NamedTuple):
+    """How passes 1 and 2 are laid out (speed only: every layout gives the
+    same results). ``warps``; ``rows_once``: the row block's channels are
+    loaded once per program instead of per tile (fewer instructions per
+    distance, more registers)."""
+    warps: int
+    rows_once: bool
 
 
 @functools.lru_cache(maxsize=None)
-def knn_warps(device: torch.device) -> int:
-    """Warps of pass 1 on ``device`` (by compute capability)."""
-    if device.type != 'cuda':  # Triton's interpreter
-        return KNN_WARPS_SM90
-    major, _ = torch.cuda.get_device_capability(device)
-    return KNN_WARPS_SM90 if major >= 9 else KNN_WARPS_OTHER
+def _arch(device: torch.device) -> int:
+    """Compute capability major of ``device`` (9 under the interpreter)."""
+    if device.type != 'cuda':
+        return 9
+    return torch.cuda.get_device_capability(device)[0]
 
 
-def _knn_pass(x: torch.Tensor, sq: torch.Tensor, ok: torch.Tensor,
-              tie: torch.Tensor, k: int, precision: str):
-    """Pass 1 on (G, n, C) tokens: (G, n, k) k smallest squared distances
-    ascending, (G, n) largest distance to a real token, (G, n) int32 first
-    column within the tie threshold."""
+def kernel_config(device: torch.device, channels: int,
+                  precision: str) -> KernelConfig:
+    """The layout of pass 1 on ``device`` for tokens of ``channels`` (pass
+    2 takes its ``rows_once``).
+
+    The largest that ptxas fits in 255 registers without spilling
+    (``tests/test_dpc_knn_fused.py::test_kernels_compile_for_gpus``): rows
+    loaded once for 16, 32 or 64 channels (at 'tf32x3' 38 instructions per
+    distance on sm_90 instead of 62), except IEEE products on sm_80; 4
+    warps with 'tf32x3' or rows loaded once, else 8."""
+    rows_once = _whole_rows(channels) and (precision == 'tf32x3'
+                                           or _arch(device) >= 9)
+    return KernelConfig(4 if precision == 'tf32x3' or rows_once else 8,
+                        rows_once)
+
+
+def _prep(x: torch.Tensor, invalid: Optional[torch.Tensor], precision: str):
+    """:func:`_prep_kernel` on (G, n, C) tokens: (hi, lo, sq, tie); hi is
+    ``x`` and lo None unless 'tf32x3'."""
     g, n, c = x.shape
-    knn_d = x.new_empty(g, n, k)
-    rowmax = x.new_empty(g, n)
-    first = torch.empty(g, n, dtype=torch.int32, device=x.device)
+    split = precision == 'tf32x3'
+    hi = torch.empty_like(x) if split else x
+    lo = torch.empty_like(x) if split else x
+    sq, tie = x.new_empty(g, n), x.new_empty(g, n)
+    pad = sq if invalid is None else invalid.view(torch.uint8)
+    total = g * n
+    _prep_kernel[(triton.cdiv(total, 32), )](
+        x, pad, hi, lo, sq, tie, total, TIE=tie_tolerance(c, precision),
+        C=c, BLOCK_R=32, BLOCK_C=min(64, triton.next_power_of_2(c)),
+        HAS_PAD=invalid is not None, SPLIT=split)
+    return hi, (lo if split else None), sq, tie
+
+
+def _knn_pass(hi, lo, sq, tie, knn_scale, k: int, precision: str,
+              config: Optional[KernelConfig] = None):
+    """Pass 1 on (G, n, C) tokens (``hi``/``lo``/``sq``/``tie``:
+    :func:`_prep`): (G, n, k) k smallest squared distances ascending
+    (duplicates as 0), (G, n) raw density, (G, n) largest distance to a
+    real token, (G, n) int64 first column within the tie threshold.
+    ``config``: :func:`kernel_config`'s unless given."""
+    g, n, c = hi.shape
+    if not 1 <= k <= MAX_K:
+        raise ValueError(f'the fused DPC-kNN takes k in [1, {MAX_K}] '
+                         f'neighbours, got {k}')
+    config = config or kernel_config(hi.device, c, precision)
+    knn_d = hi.new_empty(g, n, k)
+    rho, rowmax = hi.new_empty(g, n), hi.new_empty(g, n)
+    first = torch.empty(g, n, dtype=torch.long, device=hi.device)
     _knn_kernel[(g, triton.cdiv(n, BLOCK))](
-        x, sq, ok, tie, knn_d, rowmax, first, n, c, K=k,
-        KP=triton.next_power_of_2(k), BLOCK=BLOCK, BLOCK_C=BLOCK_C,
-        PRECISION=precision, num_warps=knn_warps(x.device))
-    return knn_d, rowmax, first
+        hi, hi if lo is None else lo, sq, tie,
+        sq if knn_scale is None else knn_scale, knn_d, rho, rowmax, first,
+        n, C=c, K=k, BLOCK=BLOCK, BLOCK_N=KNN_BLOCK_N, BLOCK_C=BLOCK_C,
+        PRECISION=precision, MASKED=_masked(n, c),
+        HAS_SCALE=knn_scale is not None,
+        LIBDEVICE=hi.is_cuda and libdevice is not None,
+        ROWS_ONCE=config.rows_once, num_warps=config.warps, num_stages=1)
+    return knn_d, rho, rowmax, first
+
+
+def _denser_pass(hi, lo, sq, tie, order, rho, rowmax, precision: str):
+    """Pass 2: (G, n) squared distance to the nearest denser token and
+    center score, by token."""
+    g, n, c = hi.shape
+    delta2, score = hi.new_empty(g, n), hi.new_empty(g, n)
+    rows_once = kernel_config(hi.device, c, precision).rows_once
+    _denser_kernel[(g, triton.cdiv(n, BLOCK))](
+        hi, hi if lo is None else lo, sq, tie, order, rho, rowmax, delta2,
+        score, n, C=c, BLOCK=BLOCK, BLOCK_C=DENSER_BLOCK_C,
+        PRECISION=precision, MASKED=_masked(n, c), ROWS_ONCE=rows_once,
+        num_warps=DENSER_WARPS, num_stages=1)
+    return delta2, score
+
+
+def _assign(x, sq, tie, centers, counts: Sequence[int],
+            slots: Optional[torch.Tensor]) -> torch.Tensor:
+    """Step 5: (S, G, n) nearest center ids of every scale."""
+    g, n, c = x.shape
+    if len(counts) > 2:
+        raise ValueError(f'the fused DPC-kNN assigns at most 2 scales, got '
+                         f'{len(counts)}')
+    num = centers.shape[1]
+    ids = torch.empty(len(counts), g, n, dtype=torch.long, device=x.device)
+    _assign_kernel[(g, triton.cdiv(n, BLOCK))](
+        x, sq, tie, centers,
+        sq if slots is None else slots.contiguous().view(torch.uint8), ids,
+        n, g, num, counts[0], C=c, S=len(counts),
+        HAS_SLOTS=slots is not None, BLOCK=BLOCK, BLOCK_K=BLOCK_K,
+        BLOCK_C=BLOCK_C, num_warps=ASSIGN_WARPS)
+    return ids
 
 
 def _triton_passes(x: torch.Tensor, counts: Sequence[int], k: int,
                    windows: Windows, precision: str,
                    probe: Optional[dict] = None) -> torch.Tensor:
-    """The fused implementation: kernels for passes 1 and 2, torch between
-    and for the nearest center (``probe``: as
+    """The fused implementation (module docstring; ``probe``: as
     :func:`~.reference.dpc_knn_reference`'s)."""
-    g, n, c = x.shape
     x = x.contiguous()
-    rows_aug, cols_aug, tie = augment(x, windows.ones, windows.invalid,
-                                      precision)
-    sq = x.pow(2).sum(-1)
-    ok = (torch.ones_like(sq, dtype=torch.int8) if windows.invalid is None
-          else (~windows.invalid).to(torch.int8))
-    knn_d, rowmax, first = _knn_pass(x, sq, ok, tie, min(k, n), precision)
-    record(probe, knn=knn_d)
-    rho = density(knn_d, tie, c, windows, first.long())
+    hi, lo, sq, tie = _prep(x, windows.invalid, precision)
+    knn_d, rho_raw, rowmax, first = _knn_pass(
+        hi, lo, sq, tie, windows.knn_scale, min(k, x.shape[1]), precision)
+    rho = rho_raw.gather(1, first)  # identical tokens: the first's density
     order = torch.sort(rho, dim=1, descending=True, stable=True).indices
-    xo = x.gather(1, order[..., None].expand(-1, -1, c))
-    by_order = x.new_empty(g, n)
-    _denser_kernel[(g, triton.cdiv(n, BLOCK))](
-        xo, sq.gather(1, order), ok.gather(1, order), by_order, n, c,
-        BLOCK=BLOCK, BLOCK_C=BLOCK_C, PRECISION=precision,
-        num_warps=DENSER_WARPS)
-    delta2 = torch.empty_like(by_order).scatter_(1, order, by_order)
-    dmax2 = rowmax.amax(-1)
-    centers = centers_by_score(rho, delta2, dmax2, tie, c, max(counts),
-                               windows)
-    record(probe, first=first.long(), rho=rho, delta2=delta2, dmax2=dmax2,
-           centers=centers)
-    dist = torch.bmm(rows_aug, gather_columns(cols_aug, centers))
-    return nearest_center(dist, tie, centers, windows.positions, counts,
-                          windows)
+    delta2, score = _denser_pass(hi, lo, sq, tie, order, rho, rowmax,
+                                 precision)
+    centers = torch.sort(score, dim=1, descending=True,
+                         stable=True).indices[:, :max(counts)].contiguous()
+    if probe is not None:
+        record(probe, knn=knn_d, first=first, rho=rho, delta2=delta2,
+               dmax2=rowmax.amax(-1), centers=centers)
+    return _assign(x, sq, tie, centers, counts, windows.center_slots)
 
 
 def runs_kernels(x: torch.Tensor) -> bool:
@@ -282,10 +623,10 @@ def dpc_knn_flops(g: int, n: int, c: int, centers: int) -> int:
     convention), as the kernels compute them: pass 1 pairs every token with
     every token; pass 2 a row block starting at token s with tokens
     ..s + BLOCK (the denser ones, whole tiles); then the distances to the
-    centers."""
+    centers (C channels: the norms are added, not multiplied)."""
     denser = sum(min(BLOCK, n - s) * min(n, s + BLOCK)
                  for s in range(0, n, BLOCK))
-    return 2 * g * (c * (n * n + denser) + n * centers * (c + 2))
+    return 2 * g * c * (n * n + denser + n * centers)
 
 
 if HAS_CUSTOM_OP:
