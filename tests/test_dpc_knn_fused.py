@@ -263,7 +263,8 @@ def test_unknown_precision_is_refused():
     from clustr_mm.models.layers.dpc_knn import FUSED_PLAN
     with pytest.raises(ValueError, match=r"plan.precision 'tf32x3' and "
                        r"precision 'ieee' disagree"):
-        DPCKNN(2, plan=FUSED_PLAN._replace(precision='tf32x3'))
+        DPCKNN(2, plan=FUSED_PLAN._replace(precision='tf32x3'),
+               precision='ieee')
     assert DPCKNN(2, plan=FUSED_PLAN._replace(precision='tf32x3'),
                   precision='tf32x3').precision == 'tf32x3'
     with pytest.raises(ValueError, match='precision'):
@@ -273,7 +274,8 @@ def test_unknown_precision_is_refused():
 
 def test_backbone_reducer_config_sets_precision():
     """ClusTR's ``reducers`` config carries the precision to every stage's
-    reducer, and from there into its plan; the default is 'ieee'."""
+    reducer, and from there into its plan; the default is 'tf32x3', or a
+    given plan's."""
     from clustr_mm.models.backbones.clustr import ClusTR
     from clustr_mm.models.layers.dpc_knn import DPCKNN
     for precision in ('ieee', 'tf32x3'):
@@ -285,8 +287,10 @@ def test_backbone_reducer_config_sets_precision():
         layout = found[0].layout((8, 8), torch.device('cpu'))
         assert layout.plan.precision == precision
     model = ClusTR('tiny')
-    assert all(m.precision == 'ieee' for m in model.modules()
+    assert all(m.precision == 'tf32x3' for m in model.modules()
                if isinstance(m, DPCKNN))
+    from clustr_mm.models.layers.dpc_knn import FUSED_PLAN
+    assert DPCKNN(2, plan=FUSED_PLAN).precision == FUSED_PLAN.precision
 
 
 @pytest.mark.slow
@@ -394,11 +398,10 @@ def compile_and_check(arch):
 
     from clustr_mm.models.layers.dpc_knn import fused as f
     device = torch.device('cuda', 0)
-    f._arch.cache_clear()
+    f._arch = lambda _: arch // 10  # noqa: E731 (this process: no GPU)
     kernels = {}
     for c in (64, 256):
         for precision in ('ieee', 'tf32x3'):  # the products' precisions
-            f._arch = lambda _: arch // 10  # noqa: E731 (no GPU here)
             config = f.kernel_config(device, c, precision)
             tiles = dict(BLOCK=f.BLOCK, BLOCK_C=f.BLOCK_C, C=c,
                          MASKED=False, PRECISION=precision)
@@ -416,7 +419,8 @@ def compile_and_check(arch):
                     rowmax_ptr='*fp32', delta2_ptr='*fp32',
                     score_ptr='*fp32', n='i32'),
                 dict(tiles, ROWS_ONCE=config.rows_once,
-                     BLOCK_C=f.DENSER_BLOCK_C), f.DENSER_WARPS)
+                     BLOCK_N=f.DENSER_BLOCK_N),
+                f.DENSER_WARPS)
     kernels['_prep_kernel'] = (f._prep_kernel, dict(
         x_ptr='*fp32', pad_ptr='*u8', hi_ptr='*fp32', lo_ptr='*fp32',
         sq_ptr='*fp32', tie_ptr='*fp32', total='i32'), dict(

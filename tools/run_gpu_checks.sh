@@ -1,50 +1,74 @@
 #!/usr/bin/env bash
-# What to run first on a machine with a GPU: the GPU test tier, then the
-# benchmark table that has waited for one.
+# What to run first on a machine with a GPU, most wanted first, each result
+# written as soon as it exists (a run cut short keeps what it finished):
 #   bash tools/run_gpu_checks.sh [OUT_DIR]    # default gpu_checks/<date>
-# Writes OUT_DIR/tier.log (pytest -m cuda, every skip with its reason),
-# OUT_DIR/bench-*.{log,json} (224 with a kernel profile per model, 800x1344),
-# nan-fp16.log (200 fp16 iterations) and train-speed.log (Mask R-CNN 1x,
-# with_cp off and on); exits non-zero if the tier fails (the measurements
-# still run, so one run gives all the figures).
+#  1. clustering.{log,json}: tools/analysis/clustering_speed.py (ClusTR-S's
+#     clustering op and its parts on real stage tokens, both precisions,
+#     against the reference, the official formulation and, with
+#     CLUSTR_MM_BASELINE=path/to/old/fused.py, an earlier op);
+#  2. tier-fused.log: the fused kernels against the reference on the GPU;
+#  3. bench-224.{log,json}: the benchmark table, bf16, batch 128, inference
+#     and training step (the default precision, tf32x3), with a kernel
+#     profile per model; bench-224-ieee: ClusTR-S in 'ieee';
+#  4. train-speed.log: Mask R-CNN 1x s/iter, ClusTR-S, PaCa-S and Swin-T,
+#     fp32 and AMP;
+#  5. tier.log: the rest of the GPU tier; bench-800-*, nan-fp16.log.
+# Steps 3-5 build mmdet's models, which need mmcv's CUDA ops: where a build
+# of them runs in the background, CLUSTR_MM_MMCV_WAIT=SECONDS waits that long
+# for `import mmcv.ops` first. Exits non-zero if a tier step fails.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="${1:-$ROOT/gpu_checks/$(date -u +%Y-%m-%d)}"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
+BASELINE="${CLUSTR_MM_BASELINE:-}"
 cd "$ROOT"
 mkdir -p "$OUT"
 "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else
 "torch.cuda.is_available() is False: run this on a machine with a GPU")' || exit 2
-"$PY" -m pytest -m cuda -rs -v -s --continue-on-collection-errors 2>&1 | tee "$OUT/tier.log"
-TIER=${PIPESTATUS[0]}
-MODELS=(clustr-s-exact clustr-s-window paca-s pvtv2-b2 swin-t)
-# 224 first, with the kernel profile of each model (where ClusTR-S's time
-# goes: 0.23x PVTv2-b2 on an H200 with the row scan, 2026-11-26); tf32x3
-# only changes ClusTR
+FAILED=0
+log() { echo "[gpu_checks] $(date -u +%T) $*"; }
+
+log "1. clustering op"
+"$PY" tools/analysis/clustering_speed.py --batch 128 --runs 10 \
+  ${BASELINE:+--baseline "$BASELINE"} --out "$OUT/clustering.json" \
+  2>&1 | tee "$OUT/clustering.log"
+log "2. fused kernels against the reference"
+"$PY" -m pytest -m cuda -k fused -rs -v -s tests/test_cuda.py 2>&1 \
+  | tee "$OUT/tier-fused.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || FAILED=1
+
+WAIT="${CLUSTR_MM_MMCV_WAIT:-0}"
+until "$PY" -c 'import mmcv.ops' >/dev/null 2>&1 || [ "$WAIT" -le 0 ]; do
+  sleep 10; WAIT=$((WAIT - 10))
+done
+log "3. benchmark table"
+MODELS=(clustr-s-exact pvtv2-b2 paca-s swin-t)  # window = exact at 224
 "$PY" tools/analysis/benchmark.py --device cuda --amp bf16 --batch 128 \
   --sizes 224 --train-step --profile --models "${MODELS[@]}" \
-  --out "$OUT/bench-224-ieee.json" 2>&1 | tee "$OUT/bench-224-ieee.log"
+  --out "$OUT/bench-224.json" 2>&1 | tee "$OUT/bench-224.log"
 "$PY" tools/analysis/benchmark.py --device cuda --amp bf16 --batch 128 \
-  --sizes 224 --train-step --profile --precision tf32x3 \
-  --models clustr-s-exact clustr-s-window \
-  --out "$OUT/bench-224-tf32x3.json" 2>&1 | tee "$OUT/bench-224-tf32x3.log"
-for PREC in ieee tf32x3; do
-  "$PY" tools/analysis/benchmark.py --device cuda --amp bf16 --batch 2 \
-    --sizes 800x1344 --train-step --precision "$PREC" \
-    --models clustr-s-window paca-s pvtv2-b2 swin-t \
-    --out "$OUT/bench-800-$PREC.json" 2>&1 | tee "$OUT/bench-800-$PREC.log"
-done
-# 200 fp16 iterations; Mask R-CNN 1x seconds per iteration, with_cp off/on
-"$PY" tools/analysis/nan_check.py configs/clustr/clustr-t_embedded-imagenet.py \
-  --amp fp16 --iters 200 --work-dir "$OUT/nan-fp16" 2>&1 | tee "$OUT/nan-fp16.log"
+  --sizes 224 --train-step --precision ieee --models clustr-s-exact pvtv2-b2 \
+  --out "$OUT/bench-224-ieee.json" 2>&1 | tee "$OUT/bench-224-ieee.log"
+log "4. Mask R-CNN seconds per iteration, fp32 and AMP"
 for CFG in configs/clustr/mask-rcnn_clustr-s_fpn_1x_coco.py \
            configs/paca/mask-rcnn_paca-s_fpn_ms-1x_coco.py \
            mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py; do
-  for CP in False True; do
+  for WRAPPER in OptimWrapper AmpOptimWrapper; do  # fp32, then what --amp sets
+    echo "== $CFG $WRAPPER" >> "$OUT/train-speed.log"
     "$PY" tools/analysis/train_speed.py "$CFG" --input-size 1333x800 \
-      --batch 2 --iters 10 --warmup 3 --cfg-options \
-      model.backbone.with_cp=$CP 2>&1 | tail -n 3 | tee -a "$OUT/train-speed.log"
+      --batch 2 --iters 6 --warmup 2 --cfg-options \
+      optim_wrapper.type=$WRAPPER 2>&1 | tail -n 3 \
+      | tee -a "$OUT/train-speed.log"
   done
 done
-echo "[gpu_checks] tier exit status $TIER; results in $OUT"
-exit "$TIER"
+log "5. the rest"
+"$PY" -m pytest -m cuda -k "not fused" -rs -v -s \
+  --continue-on-collection-errors 2>&1 | tee "$OUT/tier.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || FAILED=1
+"$PY" tools/analysis/benchmark.py --device cuda --amp bf16 --batch 2 \
+  --sizes 800x1344 --train-step --models clustr-s-window paca-s pvtv2-b2 \
+  swin-t --out "$OUT/bench-800.json" 2>&1 | tee "$OUT/bench-800.log"
+"$PY" tools/analysis/nan_check.py configs/clustr/clustr-t_embedded-imagenet.py \
+  --amp fp16 --iters 200 --work-dir "$OUT/nan-fp16" 2>&1 | tee "$OUT/nan-fp16.log"
+log "done; tier failures: $FAILED; results in $OUT"
+exit "$FAILED"

@@ -743,10 +743,10 @@ def parse_args(argv):
                         'clustering with --precision tf32x3 (495 TFLOP/s '
                         'dense TF32 / 3 products), 2.5 us per kernel')
     parser.add_argument('--precision', choices=('ieee', 'tf32x3'),
-                        default='ieee',
+                        default='tf32x3',
                         help="the distance products of ClusTR's fused "
-                        "clustering: ieee (exact fp32, the default) or "
-                        "tf32x3 (opt in, 3xTF32 on tensor cores)")
+                        "clustering: tf32x3 (3xTF32 on tensor cores, the "
+                        "model's default) or ieee (fp32 FMA products)")
     parser.add_argument('--scale-batch', type=int, metavar='N',
                         help='with --traffic: report batch N, scaling the '
                         'per-image traffic of the --batch run')

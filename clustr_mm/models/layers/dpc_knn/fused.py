@@ -79,9 +79,9 @@ BLOCK, BLOCK_C, BLOCK_K = 64, 16, 64
 # Columns per tile of pass 1: it keeps k + 2 (BLOCK, KNN_BLOCK_N) tensors
 # in registers (16 registers each a thread at 4 warps), so k <= MAX_K.
 KNN_BLOCK_N, MAX_K = 32, 8
-# Pass 2 (one (BLOCK, BLOCK) minimum in registers) and the assignment:
-# warps, and pass 2's channels per product step (16 spill on sm_80).
-DENSER_WARPS, DENSER_BLOCK_C, ASSIGN_WARPS = 4, 8, 8
+# Pass 2: columns per tile (its running minimum is (BLOCK, DENSER_BLOCK_N)
+# in registers) and warps; warps of the assignment.
+DENSER_BLOCK_N, DENSER_WARPS, ASSIGN_WARPS = 32, 4, 8
 
 
 if triton is not None:
@@ -346,12 +346,14 @@ if triton is not None:
     def _denser_kernel(x_ptr, lo_ptr, sq_ptr, tie_ptr, order_ptr, rho_ptr,
                        rowmax_ptr, delta2_ptr, score_ptr, n,
                        C: tl.constexpr, BLOCK: tl.constexpr,
-                       BLOCK_C: tl.constexpr, PRECISION: tl.constexpr,
-                       MASKED: tl.constexpr, ROWS_ONCE: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+                       PRECISION: tl.constexpr, MASKED: tl.constexpr,
+                       ROWS_ONCE: tl.constexpr):
         """Pass 2 (module docstring): for the tokens at positions
         [start, start + BLOCK) of the density order, the smallest squared
         distance to a token earlier in the order (+inf for the first), and
-        the center score. Grid: (windows, row blocks)."""
+        the center score; columns in tiles of BLOCK_N. Grid: (windows, row
+        blocks)."""
         g = tl.program_id(0).to(tl.int64)
         start = tl.program_id(1) * BLOCK
         lane = tl.arange(0, BLOCK)
@@ -363,9 +365,9 @@ if triton is not None:
         if ROWS_ONCE:  # the rows' channels loaded once, not per tile
             a, al = _tokens(x_ptr, lo_ptr, base + rows, pmask, C, PRECISION,
                             MASKED, False)
-        near = tl.full((BLOCK, BLOCK), float('inf'), tl.float32)
-        for c0 in range(0, start + BLOCK, BLOCK):
-            cpos = c0 + lane
+        near = tl.full((BLOCK, BLOCK_N), float('inf'), tl.float32)
+        for c0 in range(0, start + BLOCK, BLOCK_N):
+            cpos = c0 + tl.arange(0, BLOCK_N)
             cmask = cpos < n
             cols = tl.load(order_ptr + base + cpos, mask=cmask, other=0)
             if ROWS_ONCE:
@@ -379,8 +381,8 @@ if triton is not None:
             sq_c = tl.load(sq_ptr + base + cols, mask=cmask,
                            other=float('inf'))
             d = _distances(sq_r, sq_c, acc)
-            if c0 == start:  # the own tile: the columns before each row
-                d = tl.where(lane[None, :] < lane[:, None], d, float('inf'))
+            if c0 >= start:  # the own tiles: the columns before each row
+                d = tl.where(cpos[None, :] < pos[:, None], d, float('inf'))
             near = tl.minimum(near, d)
         delta2 = tl.min(near, 1)
         # the window's largest distance (the densest token's delta)
@@ -551,8 +553,9 @@ def _denser_pass(hi, lo, sq, tie, order, rho, rowmax, precision: str):
     rows_once = kernel_config(hi.device, c, precision).rows_once
     _denser_kernel[(g, triton.cdiv(n, BLOCK))](
         hi, hi if lo is None else lo, sq, tie, order, rho, rowmax, delta2,
-        score, n, C=c, BLOCK=BLOCK, BLOCK_C=DENSER_BLOCK_C,
-        PRECISION=precision, MASKED=_masked(n, c), ROWS_ONCE=rows_once,
+        score, n, C=c, BLOCK=BLOCK, BLOCK_N=DENSER_BLOCK_N,
+        BLOCK_C=BLOCK_C, PRECISION=precision, MASKED=_masked(n, c),
+        ROWS_ONCE=rows_once,
         num_warps=DENSER_WARPS, num_stages=1)
     return delta2, score
 

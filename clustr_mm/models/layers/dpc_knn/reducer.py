@@ -44,7 +44,7 @@ from ..token_reducer import Grid, Reduction, TokenReducer
 from .common import (CLUSTR_SCALES, ClusteringPlan, ClusterIds,
                      WindowLayout, cluster_counts, join, window_tokens)
 from .dispatch import Choice, assign_clusters, choose_backend
-from .reference import check_precision
+from .reference import DEFAULT_PRECISION, check_precision
 
 
 def merge_clusters(x: torch.Tensor, w: torch.Tensor, ids: ClusterIds,
@@ -151,11 +151,14 @@ class DPCKNN(TokenReducer):
             dispatch's choice for the device (:meth:`backend`). Also an
             attribute (:func:`use_plan`), e.g. for the op census to count
             the CUDA path on a CPU.
-        precision (str): The fused kernels' distance products: 'ieee'
-            (default, exact fp32) or 'tf32x3' (opt in: 3xTF32 on tensor
-            cores, a wider tie threshold; docs/backbones.md). Goes into the
-            plan (a ``plan`` given here must agree with it); the reference
-            and blocked backends are IEEE fp32 and ignore it.
+        precision (str, optional): The fused kernels' distance products:
+            'tf32x3' (3xTF32 on tensor cores with a wider tie threshold:
+            ids change about as often as reordering fp32 sums changes them;
+            docs/backbones.md) or 'ieee' (fp32 FMA products, bit for bit
+            the same on every run). None: the ``plan``'s if one is given,
+            else 'tf32x3'. Goes into the plan (a ``plan`` given here must
+            agree with it); the reference and blocked backends are IEEE
+            fp32 and ignore it.
 
     Traced graphs (``torch.onnx.export``, ``torch.jit.trace``) take the
     batch from the input, but the windows and cluster counts of the traced
@@ -174,7 +177,7 @@ class DPCKNN(TokenReducer):
                  window_size: Optional[int] = None,
                  max_chunk_elems: Optional[int] = None,
                  plan: Optional[ClusteringPlan] = None,
-                 precision: str = 'ieee'):
+                 precision: Optional[str] = None):
         super().__init__()
         check_dpc_knn_args(sr_ratio, scale_factors, k, window_size,
                            max_chunk_elems)
@@ -184,6 +187,8 @@ class DPCKNN(TokenReducer):
         self.window_size = window_size
         self.max_chunk_elems = max_chunk_elems
         self.plan = plan
+        if precision is None:
+            precision = DEFAULT_PRECISION if plan is None else plan.precision
         self.precision = check_precision(precision)
         if plan is not None and plan.precision != self.precision:
             # the reducer's precision goes into whatever plan runs: a
@@ -246,9 +251,8 @@ class DPCKNN(TokenReducer):
     def extra_repr(self) -> str:
         mode = ('exact' if self.window_size is None else
                 f'window {self.window_size}')
-        extra = '' if self.precision == 'ieee' else f', {self.precision}'
         return (f'sr_ratio={self.sr_ratio}, scales={self.scale_factors}, '
-                f'k={self.k}, {mode}{extra}')
+                f'k={self.k}, {mode}, {self.precision}')
 
 
 def use_plan(model: nn.Module, plan: Optional[ClusteringPlan]) -> None:

@@ -32,6 +32,9 @@ from .common import ClusteringPlan, Windows
 NAME = 'reference'
 
 PRECISIONS = ('ieee', 'tf32x3')
+# ClusTR's default for the fused kernels' products: 3xTF32 changes ids about
+# as often as summing fp32 in another order does (docs/backbones.md)
+DEFAULT_PRECISION = 'tf32x3'
 
 
 def check_precision(precision: str) -> str:

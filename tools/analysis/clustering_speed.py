@@ -1,0 +1,286 @@
+"""Where ClusTR's clustering spends its time on a GPU, measured on the tokens
+it really clusters:
+
+    python tools/analysis/clustering_speed.py [--arch small] [--batch 128] \
+        [--size 224] [--runs 10] [--baseline OLD_FUSED.py] [--peer pvtv2-b2] \
+        [--out clustering_speed.json]
+
+ClusTR (random weights, seed 0; random-normal images, bf16 autocast as the
+benchmark runs it) does one eval forward; the first clustering call of each
+stage is kept (its LayerNorm'd tokens, windows and cluster counts). On each:
+
+- CUDA-event times (median of ``--runs`` after 3 warm-ups) of the fused op
+  in both precisions and of its parts (prep, pass 1, density gather and
+  order, pass 2, center order, assignment);
+- agreement with the reference backend on the same tokens
+  (:func:`~clustr_mm.models.layers.dpc_knn.agreement.compare`: values
+  within their round-off bounds, ids equal but at near-ties) and the ids
+  that summing fp32 in another order changes (the reference with its
+  channels reversed: fp32's own floor);
+- ``--baseline``: another implementation of the op (a module file with a
+  ``_triton_passes`` of the same arguments, e.g. an earlier ``fused.py``),
+  timed and its ids compared;
+- the official code's formulation (``cluster_dpc_knn_ms``: cdist, topk and
+  dense masks over whole distance blocks, in 4 batch chunks; without its
+  1e-6 density noise), timed.
+
+Then the whole forward, and the forward with every call's cluster ids
+cached from a first forward (the network alone), beside ``--peer`` (a
+``benchmark.py`` model; skipped with the reason if it cannot be built).
+GPU only.
+"""
+import argparse
+import json
+import math
+import os.path as osp
+import shlex
+import sys
+from importlib.util import module_from_spec, spec_from_file_location
+
+import torch
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
+    __file__)))))
+
+from clustr_mm.engine.cli_args import positive_int  # noqa: E402
+
+WARMUP = 3
+
+
+def cuda_time(fn, runs):
+    """Median milliseconds of ``fn`` by CUDA events, after warm-ups."""
+    for _ in range(WARMUP):
+        fn()
+    times = []
+    for _ in range(runs):
+        start, stop = (torch.cuda.Event(enable_timing=True) for _ in 'ab')
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return sorted(times)[len(times) // 2]
+
+
+def capture_calls(model, images):
+    """(stage, x, counts, k, windows, plan) of every clustering call of one
+    eval forward, in call order."""
+    from clustr_mm.models.layers.dpc_knn import dispatch, first_use
+    calls, original = [], first_use.run_checked
+
+    def record(x, counts, k, windows, plan):
+        calls.append((x.clone(), list(counts), k, windows, plan))
+        return original(x, counts, k, windows, plan)
+
+    dispatch.first_use.run_checked = record
+    try:
+        with torch.no_grad(), torch.autocast('cuda', torch.bfloat16):
+            model(images)
+    finally:
+        dispatch.first_use.run_checked = original
+    return calls
+
+
+def parts(x, counts, k, windows, precision):
+    """The fused op's steps as :func:`fused._triton_passes` runs them, with
+    an event after each: {part: event}."""
+    from clustr_mm.models.layers.dpc_knn import fused
+    events = {}
+
+    def mark(name):
+        events[name] = torch.cuda.Event(enable_timing=True)
+        events[name].record()
+    mark('start')
+    hi, lo, sq, tie = fused._prep(x, windows.invalid, precision)
+    mark('prep')
+    _, rho_raw, rowmax, first = fused._knn_pass(
+        hi, lo, sq, tie, windows.knn_scale, min(k, x.shape[1]), precision)
+    mark('pass1')
+    rho = rho_raw.gather(1, first)
+    order = torch.sort(rho, dim=1, descending=True, stable=True).indices
+    mark('order')
+    _, score = fused._denser_pass(hi, lo, sq, tie, order, rho, rowmax,
+                                  precision)
+    mark('pass2')
+    centers = torch.sort(score, dim=1, descending=True,
+                         stable=True).indices[:, :max(counts)].contiguous()
+    mark('centers')
+    fused._assign(x, sq, tie, centers, counts, windows.center_slots)
+    mark('assign')
+    return events
+
+
+def time_parts(x, counts, k, windows, precision, runs):
+    """Median milliseconds of each part (:func:`parts`)."""
+    for _ in range(WARMUP):
+        parts(x, counts, k, windows, precision)
+    samples = []
+    for _ in range(runs):
+        events = parts(x, counts, k, windows, precision)
+        torch.cuda.synchronize()
+        names = list(events)
+        samples.append({b: events[a].elapsed_time(events[b])
+                        for a, b in zip(names, names[1:])})
+    return {name: sorted(s[name] for s in samples)[runs // 2]
+            for name in samples[0]}
+
+
+def official_dpc_knn(x, counts, k, chunks=4):
+    """The official ``cluster_dpc_knn_ms`` formulation (whole distance
+    blocks, batch in ``chunks``; no density noise): (S, G, n) ids."""
+    g, n, c = x.shape
+    num = max(counts)
+    out = []
+    for xs in x.chunk(chunks):
+        d = torch.cdist(xs, xs) / math.sqrt(c)
+        near = d.topk(k, -1, largest=False).values
+        rho = (-(near ** 2).mean(-1)).exp()
+        denser = rho[:, None, :] > rho[:, :, None]
+        dmax = d.flatten(1).amax(-1)[:, None, None]
+        parent = torch.where(denser, d, dmax).amin(-1)
+        centers = (parent * rho).topk(num, -1).indices
+        to_centers = d.gather(1, centers[..., None].expand(-1, -1, n))
+        ids = []
+        for count in counts:
+            own = to_centers[:, :count].argmin(1)
+            ids.append(own.scatter(1, centers[:, :count], torch.arange(
+                count, device=x.device).expand(xs.shape[0], -1)))
+        out.append(torch.stack(ids))
+    return torch.cat(out, 1)
+
+
+def load_baseline(path):
+    """A module file with ``_triton_passes`` (an earlier fused.py), loaded
+    inside the dpc_knn package so its relative imports resolve."""
+    name = 'clustr_mm.models.layers.dpc_knn._baseline'
+    spec = spec_from_file_location(name, path)
+    module = module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def stage_rows(calls, args):
+    """Per stage (first call): times, parts and agreement."""
+    from clustr_mm.models.layers.dpc_knn import fused
+    from clustr_mm.models.layers.dpc_knn.agreement import compare
+    from clustr_mm.models.layers.dpc_knn.reference import dpc_knn_reference
+    baseline = load_baseline(args.baseline) if args.baseline else None
+    rows, seen = [], set()
+    for x, counts, k, windows, _ in calls:
+        if x.shape[1:] in seen:
+            continue
+        seen.add(x.shape[1:])
+        x = x.float().contiguous()
+        g, n, c = x.shape
+        row = dict(windows=g, tokens=n, channels=c, counts=counts,
+                   calls=sum(1 for y, *_ in calls if y.shape == x.shape))
+        ref_probe = {}
+        ref_ids = dpc_knn_reference(x, counts, k, windows, probe=ref_probe)
+        flipped = dpc_knn_reference(x.flip(-1), counts, k, windows)
+        total = ref_ids.numel()
+        row['fp32_reordered_ids_pct'] = 100 * float(
+            (flipped != ref_ids).sum()) / total
+        for precision in ('ieee', 'tf32x3'):
+            got = {}
+            ids = fused._triton_passes(x, counts, k, windows, precision, got)
+            report = compare(x, counts, windows, ref_probe, got, ref_ids,
+                             ids, precision)
+            row[precision] = dict(
+                op_ms=cuda_time(lambda: fused.dpc_knn_fused(
+                    x, counts, k, windows, precision), args.runs),
+                parts_ms=time_parts(x, counts, k, windows, precision,
+                                    args.runs),
+                ids_vs_reference_pct=100 * report['id_mismatches'] / total,
+                agreement=report)
+            if baseline is not None:
+                old = baseline._triton_passes(x, counts, k, windows,
+                                              precision)
+                row[precision]['baseline_ms'] = cuda_time(
+                    lambda: baseline._triton_passes(x, counts, k, windows,
+                                                    precision), args.runs)
+                row[precision]['ids_vs_baseline_pct'] = 100 * float(
+                    (old != ids).sum()) / total
+        del ref_probe, ref_ids, flipped
+        torch.cuda.empty_cache()
+        row['official_ms'] = cuda_time(
+            lambda: official_dpc_knn(x, counts, k), args.runs)
+        rows.append(row)
+        print(json.dumps(row)[:2000], flush=True)
+    return rows
+
+
+def network_alone(model, images, calls, peer, runs):
+    """Forward ms with the clustering and with every call's ids cached (the
+    network alone), and ``peer``'s forward, in this process."""
+    from clustr_mm.models.layers.dpc_knn import dispatch, first_use
+    ids = []
+    original = first_use.run_checked
+
+    def cached(x, counts, k, windows, plan, it=[0]):
+        out = ids[it[0] % len(ids)]
+        it[0] += 1
+        return out
+
+    def forward(net):
+        with torch.no_grad(), torch.autocast('cuda', torch.bfloat16):
+            net(images)
+
+    out = dict(full_ms=cuda_time(lambda: forward(model), runs))
+    for x, counts, k, windows, plan in calls:
+        ids.append(original(x, counts, k, windows, plan))
+    dispatch.first_use.run_checked = cached
+    try:
+        out['cached_ids_ms'] = cuda_time(lambda: forward(model), runs)
+    finally:
+        dispatch.first_use.run_checked = original
+    out['clustering_ms'] = out['full_ms'] - out['cached_ids_ms']
+    try:
+        from benchmark import build
+        net = build(peer).cuda()
+        out[f'{peer}_ms'] = cuda_time(lambda: forward(net), runs)
+    except Exception as e:  # the peer needs mmdet with mmcv's ops
+        out[f'{peer}_error'] = f'{type(e).__name__}: {e}'[:300]
+    return out
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--arch', default='small',
+                        choices=('tiny', 'small', 'base'))
+    parser.add_argument('--batch', type=positive_int, default=128)
+    parser.add_argument('--size', type=positive_int, default=224)
+    parser.add_argument('--runs', type=positive_int, default=10)
+    parser.add_argument('--baseline', help='a module file with another '
+                        '_triton_passes to time beside this one')
+    parser.add_argument('--peer', default='pvtv2-b2',
+                        help='benchmark.py model timed beside the network')
+    parser.add_argument('--out', help='write the results as JSON here')
+    args = parser.parse_args(argv)
+    if args.baseline and not osp.isfile(args.baseline):
+        parser.error(f'argument --baseline: {args.baseline!r} is not a file')
+    if not torch.cuda.is_available():
+        parser.error('this tool times CUDA kernels: torch.cuda.is_available()'
+                     ' is False')
+    from clustr_mm.models.backbones.clustr import ClusTR
+    from clustr_mm.models.layers.dpc_knn import fused
+    torch.manual_seed(0)
+    model = ClusTR(args.arch, clustering_mode='exact').cuda().eval()
+    images = torch.randn(args.batch, 3, args.size, args.size, device='cuda')
+    calls = capture_calls(model, images)
+    result = dict(
+        device=torch.cuda.get_device_name(), torch=torch.__version__,
+        triton=fused.triton.__version__, arch=args.arch, batch=args.batch,
+        size=args.size, runs=args.runs, warmup=WARMUP, amp='bf16',
+        command=shlex.join(['python', *sys.argv]),
+        stages=stage_rows(calls, args),
+        network=network_alone(model, images, calls, args.peer, args.runs))
+    print(json.dumps(result['network']))
+    if args.out:
+        with open(args.out, 'w') as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == '__main__':
+    main()
