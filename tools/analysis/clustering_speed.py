@@ -42,7 +42,7 @@ import torch
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(
     __file__)))))
 
-from clustr_mm.engine.cli_args import positive_int  # noqa: E402
+from clustr_mm.engine.cli_args import new_file, positive_int  # noqa: E402
 
 WARMUP = 3
 
@@ -105,7 +105,8 @@ def parts(x, counts, k, windows, precision):
     centers = torch.sort(score, dim=1, descending=True,
                          stable=True).indices[:, :max(counts)].contiguous()
     mark('centers')
-    fused._assign(x, sq, tie, centers, counts, windows.center_slots)
+    fused._assign(hi, lo, sq, tie, centers, counts, windows.center_slots,
+                  precision)
     mark('assign')
     return events
 
@@ -123,6 +124,50 @@ def time_parts(x, counts, k, windows, precision, runs):
                         for a, b in zip(names, names[1:])})
     return {name: sorted(s[name] for s in samples)[runs // 2]
             for name in samples[0]}
+
+
+# --sweep: layouts of passes 1 and 2 in 'tf32x3' by channels, each free of
+# spills on sm_90 (ptxas, Triton 3.6 and 3.8); (warps, rows once, stages)
+SWEEP = {64: [(4, True, 1), (8, True, 1), (4, True, 2)],
+         128: [(4, False, 1), (4, False, 2), (8, False, 1), (8, False, 2),
+               (8, False, 3), (8, True, 2), (8, True, 3)],
+         256: [(4, False, 1), (4, False, 2), (8, False, 1), (8, False, 2),
+               (8, False, 3)]}
+
+
+def sweep(calls, runs):
+    """Per stage, passes 1 and 2 ('tf32x3') timed in each layout of
+    :data:`SWEEP`; the fastest is put in ``fused.MEASURED`` for the rest of
+    the run. Returns {channels: {layout: ms}}."""
+    from clustr_mm.models.layers.dpc_knn import fused
+    out, seen = {}, set()
+    for x, counts, k, windows, _ in calls:
+        c = x.shape[-1]
+        if c in seen or c not in SWEEP:
+            continue
+        seen.add(c)
+        x = x.float().contiguous()
+        hi, lo, sq, tie = fused._prep(x, windows.invalid, 'tf32x3')
+        _, rho, rowmax, first = fused._knn_pass(
+            hi, lo, sq, tie, windows.knn_scale, k, 'tf32x3')
+        order = torch.sort(rho.gather(1, first), dim=1, descending=True,
+                           stable=True).indices
+        times = {}
+        for layout in SWEEP[c]:
+            config = fused.KernelConfig(*layout)
+            times[str(layout)] = cuda_time(lambda: (
+                fused._knn_pass(hi, lo, sq, tie, windows.knn_scale, k,
+                                'tf32x3', config),
+                fused._denser_pass(hi, lo, sq, tie, order, rho, rowmax,
+                                   'tf32x3', config)), runs)
+        best = min(times, key=times.get)
+        major = torch.cuda.get_device_capability()[0]
+        fused.MEASURED[(major, c, 'tf32x3')] = fused.KernelConfig(
+            *SWEEP[c][list(times).index(best)])
+        out[c] = dict(ms=times, fastest=best)
+        print(f'[sweep] {x.shape[1]} tokens x {c}: {times}; fastest {best}',
+              flush=True)
+    return out
 
 
 def official_dpc_knn(x, counts, k, chunks=4):
@@ -255,7 +300,11 @@ def main(argv=None):
                         '_triton_passes to time beside this one')
     parser.add_argument('--peer', default='pvtv2-b2',
                         help='benchmark.py model timed beside the network')
-    parser.add_argument('--out', help='write the results as JSON here')
+    parser.add_argument('--sweep', action='store_true',
+                        help='first time the layouts of passes 1 and 2 '
+                        '(SWEEP) and use the fastest for the rest')
+    parser.add_argument('--out', type=new_file,
+                        help='write the results as JSON here')
     args = parser.parse_args(argv)
     if args.baseline and not osp.isfile(args.baseline):
         parser.error(f'argument --baseline: {args.baseline!r} is not a file')
@@ -268,7 +317,10 @@ def main(argv=None):
     model = ClusTR(args.arch, clustering_mode='exact').cuda().eval()
     images = torch.randn(args.batch, 3, args.size, args.size, device='cuda')
     calls = capture_calls(model, images)
+    swept = sweep(calls, args.runs) if args.sweep else None
     result = dict(
+        sweep=swept, layouts={str(key): value._asdict() for key, value in
+                              fused.MEASURED.items()},
         device=torch.cuda.get_device_name(), torch=torch.__version__,
         triton=fused.triton.__version__, arch=args.arch, batch=args.batch,
         size=args.size, runs=args.runs, warmup=WARMUP, amp='bf16',

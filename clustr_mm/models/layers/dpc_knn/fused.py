@@ -49,7 +49,7 @@ kernels on the CPU for tests.
 """
 import functools
 import os
-from typing import List, NamedTuple, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -409,16 +409,18 @@ if triton is not None:
         return tl.where(better, v, best), tl.where(better, k0 + at, idx)
 
     @triton.jit
-    def _assign_kernel(x_ptr, sq_ptr, tie_ptr, centers_ptr, slots_ptr,
-                       out_ptr, n, G, num, count0, C: tl.constexpr,
-                       S: tl.constexpr, HAS_SLOTS: tl.constexpr,
-                       BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
-                       BLOCK_C: tl.constexpr):
+    def _assign_kernel(x_ptr, lo_ptr, sq_ptr, tie_ptr, centers_ptr,
+                       slots_ptr, out_ptr, n, G, num, count0,
+                       C: tl.constexpr, S: tl.constexpr,
+                       HAS_SLOTS: tl.constexpr, BLOCK: tl.constexpr,
+                       BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
+                       PRECISION: tl.constexpr, ROWS_ONCE: tl.constexpr):
         """Step 5 for S <= 2 scales: the id of each token's nearest center
-        per scale, (S, G, n) int64, IEEE fp32 products. Ties snapped to 0, a
-        center joins itself, the better-scored center wins ties; slot k is
-        a center of scale s where ``slots[s, g, k]`` (HAS_SLOTS) or, with
-        one scale, k < count0. Grid: (windows, row blocks)."""
+        per scale, (S, G, n) int64, products in PRECISION as passes 1 and
+        2. Ties snapped to 0, a center joins itself, the better-scored
+        center wins ties; slot k is a center of scale s where ``slots[s, g,
+        k]`` (HAS_SLOTS) or, with one scale, k < count0. Grid: (windows,
+        row blocks)."""
         g = tl.program_id(0).to(tl.int64)
         lane = tl.arange(0, BLOCK)
         rows = tl.program_id(1) * BLOCK + lane
@@ -426,6 +428,9 @@ if triton is not None:
         base = g * n
         sq_r = tl.load(sq_ptr + base + rows, mask=rmask, other=float('inf'))
         tie = tl.load(tie_ptr + base + rows, mask=rmask, other=0.0)
+        if ROWS_ONCE:  # the rows' channels loaded once, not per tile
+            a, al = _tokens(x_ptr, lo_ptr, base + rows, rmask, C, PRECISION,
+                            True, False)
         best0 = tl.full((BLOCK, ), float('inf'), tl.float32)
         best1 = best0
         idx0 = tl.zeros((BLOCK, ), tl.int32)
@@ -434,8 +439,13 @@ if triton is not None:
             slot = k0 + tl.arange(0, BLOCK_K)
             kmask = slot < num
             cid = tl.load(centers_ptr + g * num + slot, mask=kmask, other=0)
-            acc = _products(x_ptr, x_ptr, base + rows, rmask, base + cid,
-                            kmask, C, BLOCK_C, 'ieee', True)
+            if ROWS_ONCE:
+                b, bl = _tokens(x_ptr, lo_ptr, base + cid, kmask, C,
+                                PRECISION, True, True)
+                acc = _dot(a, al, b, bl, PRECISION)
+            else:
+                acc = _products(x_ptr, lo_ptr, base + rows, rmask, base + cid,
+                                kmask, C, BLOCK_C, PRECISION, True)
             sq_c = tl.load(sq_ptr + base + cid, mask=kmask,
                            other=float('inf'))
             d = _distances(sq_r, sq_c, acc)
@@ -473,9 +483,11 @@ class KernelConfig(NamedTuple):
     """How passes 1 and 2 are laid out (speed only: every layout gives the
     same results). ``warps``; ``rows_once``: the row block's channels are
     loaded once per program instead of per tile (fewer instructions per
-    distance, more registers)."""
+    distance, more registers); ``stages``: Triton's software pipelining of
+    the channel steps (more registers)."""
     warps: int
     rows_once: bool
+    stages: int = 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -484,6 +496,12 @@ def _arch(device: torch.device) -> int:
     if device.type != 'cuda':
         return 9
     return torch.cuda.get_device_capability(device)[0]
+
+
+# Layouts measured fastest on a GPU, by (compute capability major,
+# channels, precision) (clustering_speed.py --sweep; docs/benchmarks.md);
+# kernel_config's rules elsewhere.
+MEASURED: Dict[Tuple[int, int, str], KernelConfig] = {}
 
 
 def kernel_config(device: torch.device, channels: int,
@@ -496,6 +514,9 @@ def kernel_config(device: torch.device, channels: int,
     loaded once for 16, 32 or 64 channels (at 'tf32x3' 38 instructions per
     distance on sm_90 instead of 62), except IEEE products on sm_80; 4
     warps with 'tf32x3' or rows loaded once, else 8."""
+    measured = MEASURED.get((_arch(device), channels, precision))
+    if measured is not None:
+        return measured
     rows_once = _whole_rows(channels) and (precision == 'tf32x3'
                                            or _arch(device) >= 9)
     return KernelConfig(4 if precision == 'tf32x3' or rows_once else 8,
@@ -541,40 +562,44 @@ def _knn_pass(hi, lo, sq, tie, knn_scale, k: int, precision: str,
         PRECISION=precision, MASKED=_masked(n, c),
         HAS_SCALE=knn_scale is not None,
         LIBDEVICE=hi.is_cuda and libdevice is not None,
-        ROWS_ONCE=config.rows_once, num_warps=config.warps, num_stages=1)
+        ROWS_ONCE=config.rows_once, num_warps=config.warps,
+        num_stages=config.stages)
     return knn_d, rho, rowmax, first
 
 
-def _denser_pass(hi, lo, sq, tie, order, rho, rowmax, precision: str):
+def _denser_pass(hi, lo, sq, tie, order, rho, rowmax, precision: str,
+                 config: Optional[KernelConfig] = None):
     """Pass 2: (G, n) squared distance to the nearest denser token and
-    center score, by token."""
+    center score, by token (``config``: as :func:`_knn_pass`'s)."""
     g, n, c = hi.shape
     delta2, score = hi.new_empty(g, n), hi.new_empty(g, n)
-    rows_once = kernel_config(hi.device, c, precision).rows_once
+    config = config or kernel_config(hi.device, c, precision)
     _denser_kernel[(g, triton.cdiv(n, BLOCK))](
         hi, hi if lo is None else lo, sq, tie, order, rho, rowmax, delta2,
         score, n, C=c, BLOCK=BLOCK, BLOCK_N=DENSER_BLOCK_N,
         BLOCK_C=BLOCK_C, PRECISION=precision, MASKED=_masked(n, c),
-        ROWS_ONCE=rows_once,
-        num_warps=DENSER_WARPS, num_stages=1)
+        ROWS_ONCE=config.rows_once, num_warps=DENSER_WARPS,
+        num_stages=config.stages)
     return delta2, score
 
 
-def _assign(x, sq, tie, centers, counts: Sequence[int],
-            slots: Optional[torch.Tensor]) -> torch.Tensor:
+def _assign(hi, lo, sq, tie, centers, counts: Sequence[int],
+            slots: Optional[torch.Tensor], precision: str) -> torch.Tensor:
     """Step 5: (S, G, n) nearest center ids of every scale."""
-    g, n, c = x.shape
+    g, n, c = hi.shape
     if len(counts) > 2:
         raise ValueError(f'the fused DPC-kNN assigns at most 2 scales, got '
                          f'{len(counts)}')
     num = centers.shape[1]
-    ids = torch.empty(len(counts), g, n, dtype=torch.long, device=x.device)
+    ids = torch.empty(len(counts), g, n, dtype=torch.long, device=hi.device)
     _assign_kernel[(g, triton.cdiv(n, BLOCK))](
-        x, sq, tie, centers,
+        hi, hi if lo is None else lo, sq, tie, centers,
         sq if slots is None else slots.contiguous().view(torch.uint8), ids,
         n, g, num, counts[0], C=c, S=len(counts),
         HAS_SLOTS=slots is not None, BLOCK=BLOCK, BLOCK_K=BLOCK_K,
-        BLOCK_C=BLOCK_C, num_warps=ASSIGN_WARPS)
+        BLOCK_C=BLOCK_C, PRECISION=precision,
+        ROWS_ONCE=kernel_config(hi.device, c, precision).rows_once,
+        num_warps=ASSIGN_WARPS)
     return ids
 
 
@@ -596,7 +621,8 @@ def _triton_passes(x: torch.Tensor, counts: Sequence[int], k: int,
     if probe is not None:
         record(probe, knn=knn_d, first=first, rho=rho, delta2=delta2,
                dmax2=rowmax.amax(-1), centers=centers)
-    return _assign(x, sq, tie, centers, counts, windows.center_slots)
+    return _assign(hi, lo, sq, tie, centers, counts, windows.center_slots,
+                   precision)
 
 
 def runs_kernels(x: torch.Tensor) -> bool:
