@@ -73,15 +73,15 @@ HAS_CUSTOM_OP = hasattr(torch.library, 'custom_op')
 # before the kernels are defined.
 INTERPRET = os.environ.get('TRITON_INTERPRET') == '1'
 
-# Tiles: BLOCK x BLOCK distances, BLOCK_C channels per product step;
-# BLOCK_K centers per step of the assignment.
-BLOCK, BLOCK_C, BLOCK_K = 64, 16, 64
+# Tiles: BLOCK rows (tokens), BLOCK_C channels per product step.
+BLOCK, BLOCK_C = 64, 16
 # Columns per tile of pass 1: it keeps k + 2 (BLOCK, KNN_BLOCK_N) tensors
 # in registers (16 registers each a thread at 4 warps), so k <= MAX_K.
 KNN_BLOCK_N, MAX_K = 32, 8
-# Pass 2: columns per tile (its running minimum is (BLOCK, DENSER_BLOCK_N)
-# in registers) and warps; warps of the assignment.
-DENSER_BLOCK_N, DENSER_WARPS, ASSIGN_WARPS = 32, 4, 8
+# Columns per tile of pass 2 (its running minimum is (BLOCK,
+# DENSER_BLOCK_N) in registers); warps of the assignment (the other layouts:
+# kernel_config).
+DENSER_BLOCK_N, ASSIGN_WARPS = 32, 8
 
 
 if triton is not None:
@@ -480,14 +480,18 @@ def _whole_rows(c: int) -> bool:
 
 
 class KernelConfig(NamedTuple):
-    """How passes 1 and 2 are laid out (speed only: every layout gives the
-    same results). ``warps``; ``rows_once``: the row block's channels are
-    loaded once per program instead of per tile (fewer instructions per
-    distance, more registers); ``stages``: Triton's software pipelining of
-    the channel steps (more registers)."""
+    """How the kernels are laid out (speed only: every layout gives the same
+    results). ``warps`` of pass 1; ``rows_once``: passes 1 and 2 and the
+    assignment load a row block's channels once per program instead of per
+    tile (fewer instructions per distance, more registers); ``stages``:
+    Triton's software pipelining (more registers);
+    ``denser_warps`` of pass 2; ``assign_block``: centers per step of the
+    assignment."""
     warps: int
     rows_once: bool
     stages: int = 1
+    denser_warps: int = 4
+    assign_block: int = 64
 
 
 @functools.lru_cache(maxsize=None)
@@ -499,26 +503,35 @@ def _arch(device: torch.device) -> int:
 
 
 # Layouts measured fastest on a GPU, by (compute capability major,
-# channels, precision) (clustering_speed.py --sweep; docs/benchmarks.md);
-# kernel_config's rules elsewhere.
-MEASURED: Dict[Tuple[int, int, str], KernelConfig] = {}
+# channels, precision) (``clustering_speed.py --sweep``): ClusTR-S's three
+# clustered stages on an H200 (2026-11-27, Triton 3.6, batch 128 at 224):
+# passes 1 + 2 in 4.98 / 1.49 / 0.39 ms, against 5.67 / 2.72 / 0.48 with
+# kernel_config's rules (docs/benchmarks.md).
+MEASURED: Dict[Tuple[int, int, str], KernelConfig] = {
+    (9, 64, 'tf32x3'): KernelConfig(4, True, 2),
+    (9, 128, 'tf32x3'): KernelConfig(8, True, 3),
+    (9, 256, 'tf32x3'): KernelConfig(4, False, 2),
+}
 
 
 def kernel_config(device: torch.device, channels: int,
                   precision: str) -> KernelConfig:
-    """The layout of pass 1 on ``device`` for tokens of ``channels`` (pass
-    2 takes its ``rows_once``).
-
-    The largest that ptxas fits in 255 registers without spilling
-    (``tests/test_dpc_knn_fused.py::test_kernels_compile_for_gpus``): rows
-    loaded once for 16, 32 or 64 channels (at 'tf32x3' 38 instructions per
-    distance on sm_90 instead of 62), except IEEE products on sm_80; 4
-    warps with 'tf32x3' or rows loaded once, else 8."""
-    measured = MEASURED.get((_arch(device), channels, precision))
+    """The kernels' layout on ``device`` for tokens of ``channels``:
+    :data:`MEASURED`'s, else by rule, each free of spills in ptxas
+    (``tests/test_dpc_knn_fused.py::test_kernels_compile_for_gpus``, Triton
+    3.6 and 3.8). sm_90 and newer: rows loaded once for 16, 32 or 64
+    channels, 4 warps with 'tf32x3' or rows loaded once, else 8. Older
+    (sm_80's smaller register budget for the same tiles with mma.sync):
+    rows loaded per tile, 8 warps for passes 2 and IEEE 1, 32 centers per
+    step."""
+    arch = _arch(device)
+    measured = MEASURED.get((arch, channels, precision))
     if measured is not None:
         return measured
-    rows_once = _whole_rows(channels) and (precision == 'tf32x3'
-                                           or _arch(device) >= 9)
+    if arch < 9:
+        return KernelConfig(4 if precision == 'tf32x3' else 8, False,
+                            denser_warps=8, assign_block=32)
+    rows_once = _whole_rows(channels)
     return KernelConfig(4 if precision == 'tf32x3' or rows_once else 8,
                         rows_once)
 
@@ -578,7 +591,7 @@ def _denser_pass(hi, lo, sq, tie, order, rho, rowmax, precision: str,
         hi, hi if lo is None else lo, sq, tie, order, rho, rowmax, delta2,
         score, n, C=c, BLOCK=BLOCK, BLOCK_N=DENSER_BLOCK_N,
         BLOCK_C=BLOCK_C, PRECISION=precision, MASKED=_masked(n, c),
-        ROWS_ONCE=config.rows_once, num_warps=DENSER_WARPS,
+        ROWS_ONCE=config.rows_once, num_warps=config.denser_warps,
         num_stages=config.stages)
     return delta2, score
 
@@ -592,14 +605,15 @@ def _assign(hi, lo, sq, tie, centers, counts: Sequence[int],
                          f'{len(counts)}')
     num = centers.shape[1]
     ids = torch.empty(len(counts), g, n, dtype=torch.long, device=hi.device)
+    config = kernel_config(hi.device, c, precision)
     _assign_kernel[(g, triton.cdiv(n, BLOCK))](
         hi, hi if lo is None else lo, sq, tie, centers,
         sq if slots is None else slots.contiguous().view(torch.uint8), ids,
         n, g, num, counts[0], C=c, S=len(counts),
-        HAS_SLOTS=slots is not None, BLOCK=BLOCK, BLOCK_K=BLOCK_K,
-        BLOCK_C=BLOCK_C, PRECISION=precision,
-        ROWS_ONCE=kernel_config(hi.device, c, precision).rows_once,
-        num_warps=ASSIGN_WARPS)
+        HAS_SLOTS=slots is not None, BLOCK=BLOCK,
+        BLOCK_K=config.assign_block, BLOCK_C=BLOCK_C, PRECISION=precision,
+        ROWS_ONCE=config.rows_once, num_warps=ASSIGN_WARPS,
+        num_stages=config.stages)
     return ids
 
 
