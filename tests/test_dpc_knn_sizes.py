@@ -9,11 +9,11 @@ printed as ``[agreement]`` lines). The interpreter runs in this process
 (``fused_cases.interpreted``).
 
 Interpreter time on the 2-core development CPU (torch 2.14.1, triton 3.8):
-one 3,136-token window takes ~5 min, so ClusTR-S's stage 1 at 224 and the
-48 windows of window mode at 800 x 1344 (batch 2) are opt in here
-(``CLUSTR_MM_INTERPRET_BIG=1``) and run in the CUDA tier
-(``test_cuda.py``); the slow tier has stages 2 and 3 at 224 and window mode
-with the same geometry at a quarter of the window side.
+one 3,136-token window takes ~20 s (the per-lane selection is elementwise
+numpy), so the slow tier has all three stages at 224 and window mode with
+800 x 1344's geometry at a quarter of the window side; its 48 windows of
+3,136 tokens (batch 2) are opt in here (``CLUSTR_MM_INTERPRET_BIG=1``) and
+run in the CUDA tier (``test_cuda.py``).
 """
 import json
 import os
@@ -27,7 +27,8 @@ from fused_cases import (EXACT_224, WINDOW_800, fused_agreement, interpreted,
 BIG = pytest.mark.skipif(
     os.environ.get('CLUSTR_MM_INTERPRET_BIG') != '1',
     reason='opt in with CLUSTR_MM_INTERPRET_BIG=1: the interpreter takes '
-    '~5 min per 3,136-token window on 2 cores (the CUDA tier runs it)')
+    '~20 s per 3,136-token window on 2 cores, 48 windows here (the CUDA tier '
+    'runs it)')
 
 
 def run_interpreted(name, hw, window_size, sr_ratio, channels, batch):
@@ -76,7 +77,7 @@ def test_window_mode_border_windows_interpreted():
     check(run_interpreted('window-22x28-w14-b2', (22, 28), 14, 8, 64, 2))
 
 
-@BIG
+@pytest.mark.slow
 @needs_triton
 def test_exact_224_stage1_interpreted():
     hw, channels, sr = EXACT_224['3136x64']
@@ -88,3 +89,56 @@ def test_exact_224_stage1_interpreted():
 def test_window_800x1344_stage1_interpreted():
     hw, ws, channels, sr = WINDOW_800
     check(run_interpreted('window-800x1344-s1-b2', hw, ws, sr, channels, 2))
+
+
+def adversarial_windows(n, c):
+    """Four integer-valued windows of n tokens (every fp32 sum exact, so the
+    ids must equal the reference's exactly) that stress pass 1's per-lane
+    lists: (0) each row's nearest tokens all share its lane (column = row
+    mod 32 in every tile); (1) three tokens repeated n / 3 times (more
+    duplicates than k); (2) values in {-1, 0, 1} (many equal distances at
+    the k-th neighbour); (3) groups of the 2c points +-2 e_i, 100 apart:
+    equal densities everywhere, every decision a tie broken by index."""
+    import torch
+    j = torch.arange(n)
+    lane = torch.zeros(n, c)
+    lane[j, (j % 32) % c] = 16.0
+    lane[j, (32 + j // 32) % c] += 1.0
+    dup = torch.zeros(n, c)
+    dup[j, j % 3] = 2.0
+    gen = torch.Generator().manual_seed(0)
+    ints = torch.randint(-1, 2, (n, c), generator=gen).float()
+    ties = torch.zeros(n, c)
+    within = j % (2 * c)
+    ties[j, within % c] = torch.where(within < c, 2.0, -2.0)
+    ties[:, 0] += 100.0 * (j // (2 * c)).float()
+    return torch.stack([lane, dup, ints, ties])
+
+
+@pytest.mark.slow
+@needs_triton
+@pytest.mark.parametrize('size,precision,kinds', [
+    ('196x256', 'ieee', 4), ('196x256', 'tf32x3', 4), ('784x128', 'ieee', 4),
+    ('784x128', 'tf32x3', 4), ('3136x64', 'tf32x3', 2)])
+def test_adversarial_windows_equal_reference(size, precision, kinds):
+    """At each ClusTR-S stage size, with the precision's tie threshold
+    (the interpreter's products are exact here), the fused kernels' ids
+    equal the reference's on the first ``kinds`` of
+    :func:`adversarial_windows` (stage 1: the default precision and the
+    lane and duplicate windows, for time)."""
+    import torch
+
+    from clustr_mm.models.layers.dpc_knn import (FUSED_PLAN, WindowLayout,
+                                                 batch_consts, fused)
+    from clustr_mm.models.layers.dpc_knn.reference import dpc_knn_reference
+    hw, c, sr = EXACT_224[size]
+    x = adversarial_windows(hw[0] * hw[1], c)[:kinds]
+    layout = WindowLayout(hw, None, sr, plan=FUSED_PLAN)
+    (group, ) = layout.groups
+    consts = batch_consts(layout, kinds, c).groups[0].windows
+    counts = [group.counts[s] for s in layout.clustered]
+    with interpreted(fused):
+        got = fused._triton_passes(x, counts, 5, consts, precision)
+    ref = dpc_knn_reference(x, counts, 5, consts, emulate=precision)
+    bad = (got != ref).flatten(1).any(1).nonzero().flatten()
+    assert bad.numel() == 0, bad.tolist()  # windows that differ
