@@ -130,15 +130,27 @@ def test_adversarial_windows_equal_reference(size, precision, kinds):
 
     from clustr_mm.models.layers.dpc_knn import (FUSED_PLAN, WindowLayout,
                                                  batch_consts, fused)
-    from clustr_mm.models.layers.dpc_knn.reference import dpc_knn_reference
+    from clustr_mm.models.layers.dpc_knn.reference import (augment,
+                                                           dpc_knn_reference)
     hw, c, sr = EXACT_224[size]
     x = adversarial_windows(hw[0] * hw[1], c)[:kinds]
     layout = WindowLayout(hw, None, sr, plan=FUSED_PLAN)
     (group, ) = layout.groups
     consts = batch_consts(layout, kinds, c).groups[0].windows
     counts = [group.counts[s] for s in layout.clustered]
+    probe, ref_probe = {}, {}
     with interpreted(fused):
-        got = fused._triton_passes(x, counts, 5, consts, precision)
-    ref = dpc_knn_reference(x, counts, 5, consts, emulate=precision)
+        got = fused._triton_passes(x, counts, 5, consts, precision, probe)
+    ref = dpc_knn_reference(x, counts, 5, consts, emulate=precision,
+                            probe=ref_probe)
     bad = (got != ref).flatten(1).any(1).nonzero().flatten()
     assert bad.numel() == 0, bad.tolist()  # windows that differ
+    # the values too (the k nearest with duplicates as 0, as the kernels
+    # keep them; densities up to exp's last bit)
+    _, _, tie = augment(x, precision=precision)
+    knn = ref_probe['knn'].masked_fill(ref_probe['knn'] <= tie[..., None], 0)
+    assert torch.equal(probe['knn'], knn)
+    assert torch.equal(probe['first'], ref_probe['first'])
+    torch.testing.assert_close(probe['rho'], ref_probe['rho'], rtol=1e-6,
+                               atol=0)
+    assert torch.equal(probe['centers'], ref_probe['centers'])
