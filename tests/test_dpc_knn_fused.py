@@ -483,3 +483,50 @@ def tile_loop_census(ptx, trips, distances):
     return dict(instructions=total, per_distance=round(total / distances, 1),
                 shfl=ops['shfl'], bar=ops['bar'], mma=ops['mma'] +
                 ops['wgmma'], selection=ops['min'] + ops['max'])
+
+
+@needs_triton
+def test_fused_op_launches_at_most_15():
+    """One clustering call (two scales, padded windows) launches 4 Triton
+    kernels and a handful of torch ops (gather, two sorts, a copy): at
+    most 15 launches (the op census's ops, allocations excluded, plus the
+    kernels), about 60 before the kernels took the steps between them."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    from clustr_mm.analysis.op_census import OpCensus
+    from clustr_mm.models.layers.dpc_knn import fused
+    from fused_cases import interpreted, windows
+    x, counts, consts = windows((9, 12), 8, 4, 16, 2)
+    assert len(counts) == 2 and consts.invalid is not None
+    kernels = []
+
+    class Counted:
+        """A kernel whose launches are counted, outside the census."""
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                kernels.append(self.name)
+                with _disable_current_modes():
+                    return self.kernel[grid](*args, **kwargs)
+            return launch
+
+    names = ('_prep_kernel', '_knn_kernel', '_denser_kernel',
+             '_assign_kernel')
+    census = OpCensus()
+    with interpreted(fused):
+        saved = {n: getattr(fused, n) for n in names}
+        try:
+            for n in names:
+                setattr(fused, n, Counted(n, saved[n]))
+            with census:
+                fused._triton_passes(x, counts, 5, consts, 'tf32x3')
+        finally:
+            for n, k in saved.items():
+                setattr(fused, n, k)
+    torch_ops = {op: count for op, count in census.summary()['by_op'].items()
+                 if not op.startswith(('empty', 'new_empty'))}
+    print(f'[launches] {len(kernels)} kernels, torch {torch_ops}')
+    assert kernels == list(names), kernels
+    assert len(kernels) + sum(torch_ops.values()) <= 15, torch_ops
