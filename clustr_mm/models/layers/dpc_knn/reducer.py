@@ -78,20 +78,21 @@ def merge_clusters(x: torch.Tensor, w: torch.Tensor, ids: ClusterIds,
         sums, sizes = [], []
         if ids.clustered is not None:
             consts = ids.consts
-            src = weighted
-            if len(todo) > 1:
-                src = src.expand(len(todo), *weighted.shape)
-            # numerators and denominators of every scale in one index_add
-            index = (ids.clustered + consts.merge_rows).reshape(-1)
-            src = src.reshape(-1, c + 1)
-            if is_onnx_export():
-                # neither exporter takes index_add; scatter_add is the same
-                # sum (ONNX ScatterElements, reduction 'add') in another
-                # order; PyTorch's own forward keeps index_add
-                sums.append(consts.merge_zeros.scatter_add(
-                    0, index[:, None].expand_as(src), src))
-            else:
-                sums.append(consts.merge_zeros.index_add(0, index, src))
+            # numerators and denominators of every scale in one buffer, one
+            # index_add per scale from the same tokens (no copy per scale)
+            rows = (ids.clustered + consts.merge_rows).flatten(1)
+            src = weighted.reshape(-1, c + 1)
+            total = consts.merge_zeros
+            for index in rows:
+                if is_onnx_export():
+                    # neither exporter takes index_add; scatter_add is the
+                    # same sum (ONNX ScatterElements, reduction 'add') in
+                    # another order; PyTorch's own forward keeps index_add
+                    total = total.scatter_add(
+                        0, index[:, None].expand_as(src), src)
+                else:
+                    total = total.index_add(0, index, src)
+            sums.append(total)
             sizes += [b * layout.totals[s] for s in todo]
         if len(todo) < len(layout.identity):
             sums.append(weighted.reshape(-1, c + 1))
