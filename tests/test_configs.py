@@ -3,6 +3,7 @@ papers report for it, and starts from weights a user can get: the official
 PaCa-ViT release by URL, or a documented local path where nothing was
 released (ClusTR)."""
 import importlib
+import math
 import re
 from pathlib import Path
 
@@ -367,3 +368,116 @@ def test_mask_rcnn_augmentation_is_the_releases():
                 gt_masks=BitmapMasks(masks, 480, 640)))
             h, w = out['inputs'].shape[1:]
             assert 480 <= min(h, w) <= 800 and max(h, w) <= 1333, (h, w)
+
+
+def timm_cosine(epoch, base, epochs, warmup=5, init_factor=1e-3,
+                lr_min=1e-5):
+    """The learning rate epoch ``epoch`` trains with under timm's
+    ``CosineLRScheduler(t_initial=epochs, warmup_t=warmup,
+    warmup_lr_init=init_factor * base, lr_min=lr_min)`` stepped once per
+    epoch, as the official ClusTR and PaCa-ViT ImageNet scripts run it
+    (DeiT's main.py: ``lr_scheduler.step(epoch)``)."""
+    if epoch < warmup:
+        init = init_factor * base
+        return init + epoch * (base - init) / warmup
+    return lr_min + 0.5 * (base - lr_min) * (
+        1 + math.cos(math.pi * epoch / epochs))
+
+
+@pytest.mark.parametrize('path', IMAGENET)
+def test_imagenet_learning_rate_is_the_official_curve(path):
+    """Each ImageNet config's schedule, built as the runner builds it (its
+    end the run's epochs), gives the official curve at the warm-up's start
+    and end, the first cosine epoch, the middle and the last epoch."""
+    import torch
+    from mmengine.optim import OptimWrapper
+    from mmengine.registry import PARAM_SCHEDULERS
+    cfg = load_config(path)
+    base = cfg.optim_wrapper.optimizer.lr
+    epochs = cfg.train_cfg.max_epochs
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))],
+                                  lr=base)
+    (scheduler, ) = [PARAM_SCHEDULERS.build(dict(
+        s, optimizer=OptimWrapper(optimizer)) | dict(end=s.get(
+            'end', epochs))) for s in cfg.param_scheduler]
+    lrs = []
+    for _ in range(epochs):
+        lrs.append(optimizer.param_groups[0]['lr'])
+        optimizer.step()
+        scheduler.step()
+    for epoch in (0, 4, 5, epochs // 2, epochs - 1):
+        assert lrs[epoch] == pytest.approx(
+            timm_cosine(epoch, base, epochs), rel=1e-12), (path, epoch)
+
+
+def test_warmup_cosine_refuses_what_it_cannot_follow():
+    import torch
+    from mmengine.optim import OptimWrapper
+
+    from clustr_mm.engine import WarmupCosineLR
+    wrapper = OptimWrapper(torch.optim.SGD(
+        [torch.nn.Parameter(torch.zeros(1))], lr=1.0))
+    for kwargs, message in [
+            (dict(), "end must be the run's epochs"),
+            (dict(end=10, warmup_epochs=10), 'warmup_epochs must be'),
+            (dict(end=10, warmup_factor=0), 'warmup_factor must be'),
+            (dict(end=10, by_epoch=False), 'by_epoch must be True'),
+            (dict(end=10, eta_min=-1.0), 'eta_min must be')]:
+        with pytest.raises(ValueError, match=message):
+            WarmupCosineLR(wrapper, **kwargs)
+
+
+CLUSTR_IMAGENET = [p for p in IMAGENET if Path(p).name.startswith('clustr')]
+
+
+@pytest.mark.parametrize('path', IMAGENET)
+def test_imagenet_sampling_is_the_official(path):
+    """ClusTR's official script trains with repeated augmentation (DeiT's
+    RASampler, 3 repeats: mmpretrain's RepeatAugSampler); PaCa-ViT's timm
+    script without."""
+    import inspect
+
+    from mmpretrain.datasets.samplers import RepeatAugSampler
+    sampler = load_config(path).train_dataloader.sampler
+    if path in CLUSTR_IMAGENET:
+        assert sampler.type == 'RepeatAugSampler', path
+        repeats = sampler.get('num_repeats', inspect.signature(
+            RepeatAugSampler).parameters['num_repeats'].default)
+        assert repeats == 3 and sampler.shuffle, path
+    else:
+        assert sampler == dict(type='DefaultSampler', shuffle=True), path
+
+
+@pytest.mark.parametrize('path', CLUSTR_IMAGENET)
+def test_clustr_imagenet_evaluation_decodes_with_pil(path):
+    for loader in ('val_dataloader', 'test_dataloader'):
+        load = load_config(path)[loader].dataset.pipeline[0]
+        assert load == dict(type='LoadImageFromFile',
+                            imdecode_backend='pillow'), (path, loader)
+
+
+def test_paca_base_teacher_drop_path_is_the_official():
+    """The official base-teacher model uses drop path 0.1 (PaCa-B's 0.5
+    is not inherited)."""
+    backbone = load_config(
+        'configs/paca/paca-b-teacher_8xb128_in1k.py').model.backbone
+    assert backbone.clustering == 'teacher' and backbone.arch == 'base'
+    assert backbone.drop_path_rate == 0.1
+
+
+def test_documented_train_commands_use_the_official_precision():
+    """Every official run trained with --amp (fp16 autocast, gradient
+    scaler / dynamic loss scale): each command in the README and the config
+    READMEs that trains a shipped config (not a tiny embedded one) passes
+    it."""
+    commands = []
+    for doc in [ROOT / 'README.md', *sorted(ROOT.glob('configs/*/README.md'))]:
+        text = doc.read_text().replace('\\\n', ' ')
+        for match in re.finditer(
+                r'(?:tools/train\.py|tools/dist_train\.sh) (configs/\S+)'
+                r'[^\n`]*', text):
+            if 'embedded' not in match[1]:
+                commands.append((doc.name, match[0]))
+    assert len(commands) >= 8, commands
+    missing = [c for c in commands if '--amp' not in c[1]]
+    assert not missing, missing

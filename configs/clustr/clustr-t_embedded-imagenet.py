@@ -19,6 +19,7 @@ test_pipeline = [
 ]
 train_dataloader = dict(
     batch_size=8, num_workers=0, persistent_workers=False,
+    sampler=dict(_delete_=True, type='DefaultSampler', shuffle=True),
     dataset=dict(pipeline=train_pipeline))
 val_dataloader = dict(
     batch_size=8, num_workers=0, persistent_workers=False,

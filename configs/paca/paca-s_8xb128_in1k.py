@@ -1,11 +1,12 @@
 # PaCa-ViT-S (conv clustering) on ImageNet-1K, trained from scratch: the same
 # 300-epoch DeiT-style recipe as ClusTR (AdamW lr 1e-3 at batch 1024 = 8 GPUs x
 # 128, wd 0.05, cosine, 5 warm-up epochs, RandAugment, Mixup/CutMix, random
-# erasing, label smoothing), drop path 0.1. Evaluation is the release's (timm's
+# erasing, label smoothing; timm's per-epoch warm-up + cosine curve), drop path
+# 0.1, no repeated augmentation. Evaluation is the release's (timm's
 # crop_pct 0.9: short side to 248, bicubic, centre crop 224, PIL decoding), so
 # `tools/test.py` on IMNET_224_pacavit_small_p2cconv_100_0.pth measures its
-# published top-1. Differs from the release: training augmentation and schedule
-# are mmpretrain's Swin/DeiT ones, not the release's timm script.
+# published top-1. Differs from the release: training augmentation is
+# mmpretrain's Swin/DeiT one, not the release's timm script.
 _base_ = '../clustr/clustr-t_8xb128_in1k.py'
 
 model = dict(
@@ -24,3 +25,6 @@ test_pipeline = [
 ]
 val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
 test_dataloader = val_dataloader
+# the release's timm script samples without repeated augmentation
+train_dataloader = dict(
+    sampler=dict(_delete_=True, type='DefaultSampler', shuffle=True))
