@@ -530,3 +530,33 @@ def test_fused_op_launches_at_most_15():
     print(f'[launches] {len(kernels)} kernels, torch {torch_ops}')
     assert kernels == list(names), kernels
     assert len(kernels) + sum(torch_ops.values()) <= 15, torch_ops
+
+
+@needs_triton
+@pytest.mark.parametrize('k', [1, 2, 3, 4, 6, 7, 8])
+def test_pass1_keeps_any_k_up_to_max(k):
+    """Pass 1's per-lane lists for every k it takes (ClusTR uses 5, the
+    interpreted cases above): the k smallest distances (duplicates as 0),
+    on integer tokens whose nearest all share one lane; k above MAX_K is
+    refused."""
+    from clustr_mm.models.layers.dpc_knn import fused
+    from clustr_mm.models.layers.dpc_knn.reference import augment
+    from fused_cases import interpreted
+    n, c = 288, 32
+    j = torch.arange(n)
+    x = torch.zeros(1, n, c)
+    # rows 32 apart: the 9 of a lane are each other's nearest (distance 2)
+    x[0, j, j % 32] = 16.0
+    x[0, j, (j // 32 + 5) % c] += 1.0
+    x[0, j[::7], (3 * j[::7] + k) % c] += 2.0  # integers: exact sums
+    with interpreted(fused):
+        hi, lo, sq, tie = fused._prep(x, None, 'ieee')
+        knn = fused._knn_pass(hi, lo, sq, tie, None, k, 'ieee')[0]
+        with pytest.raises(ValueError, match='k in'):
+            fused._knn_pass(hi, lo, sq, tie, None, fused.MAX_K + 1, 'ieee')
+    rows, cols, tie = augment(x)
+    d = torch.bmm(rows, cols)
+    d.diagonal(dim1=1, dim2=2).zero_()
+    near = d.topk(k, -1, largest=False).values
+    near = near.masked_fill(near <= tie[..., None], 0.0)
+    assert torch.equal(knn, near)

@@ -196,52 +196,30 @@ if triton is not None:
         return sq_r[:, None] + sq_c[None, :] - 2.0 * acc
 
     @triton.jit
+    def _order(low, d):
+        """(min, max) of two tensors, elementwise: one step of an insertion
+        network."""
+        return tl.minimum(low, d), tl.maximum(low, d)
+
+    @triton.jit
     def _insert(L0, L1, L2, L3, L4, L5, L6, L7, d, K: tl.constexpr):
         """Insert ``d`` elementwise into the ascending lists L0..L{K-1}
-        (min/max pairs; the largest falls off)."""
+        (the largest falls off: the last step's maximum is never used)."""
+        L0, d = _order(L0, d)
         if K > 1:
-            lo = tl.minimum(L0, d)
-            d = tl.maximum(L0, d)
-            L0 = lo
-        else:
-            L0 = tl.minimum(L0, d)
+            L1, d = _order(L1, d)
         if K > 2:
-            lo = tl.minimum(L1, d)
-            d = tl.maximum(L1, d)
-            L1 = lo
-        elif K == 2:
-            L1 = tl.minimum(L1, d)
+            L2, d = _order(L2, d)
         if K > 3:
-            lo = tl.minimum(L2, d)
-            d = tl.maximum(L2, d)
-            L2 = lo
-        elif K == 3:
-            L2 = tl.minimum(L2, d)
+            L3, d = _order(L3, d)
         if K > 4:
-            lo = tl.minimum(L3, d)
-            d = tl.maximum(L3, d)
-            L3 = lo
-        elif K == 4:
-            L3 = tl.minimum(L3, d)
+            L4, d = _order(L4, d)
         if K > 5:
-            lo = tl.minimum(L4, d)
-            d = tl.maximum(L4, d)
-            L4 = lo
-        elif K == 5:
-            L4 = tl.minimum(L4, d)
+            L5, d = _order(L5, d)
         if K > 6:
-            lo = tl.minimum(L5, d)
-            d = tl.maximum(L5, d)
-            L5 = lo
-        elif K == 6:
-            L5 = tl.minimum(L5, d)
+            L6, d = _order(L6, d)
         if K > 7:
-            lo = tl.minimum(L6, d)
-            d = tl.maximum(L6, d)
-            L6 = lo
-            L7 = tl.minimum(L7, d)
-        elif K == 7:
-            L6 = tl.minimum(L6, d)
+            L7, d = _order(L7, d)
         return L0, L1, L2, L3, L4, L5, L6, L7
 
     @triton.jit
