@@ -78,11 +78,12 @@ def test_fused_kernels_match_reference(case, precision, ieee_matmul):
 # Relative L2 error of each output map and of all gradients together
 # against fp32. Outputs: bf16 as BF16_REL_TOL of test_reliability (measured
 # there on the CPU, ClusTR-T and PaCa-T); fp16 keeps 3 more mantissa bits.
-# The gradient bounds are stated, not yet measured (no GPU run so far; the
-# CPU variant below, which would measure them, was not run in the session
-# that wrote this: see the issue-27 note).
+# Measured on an H200 (2026-11-27, batch 2 at the test's size): outputs at
+# most 0.0086 (bf16) / 0.0022 (fp16); gradients at most 1.53e-3 (bf16:
+# ClusTR-S exact 1.53e-3, window 0.79e-3, PaCa-S 1.22e-3) / 6.5e-4 (fp16:
+# ClusTR-S exact; 4.6e-4 in an earlier session); the bounds are ~3x those.
 AMP_OUT_TOL = {torch.bfloat16: 3e-2, torch.float16: 1e-2}
-AMP_GRAD_TOL = {torch.bfloat16: 0.15, torch.float16: 0.05}
+AMP_GRAD_TOL = {torch.bfloat16: 5e-3, torch.float16: 2e-3}
 AMP_MODELS = {
     'clustr-s-exact': dict(type='ClusTR', arch='small'),
     'clustr-s-window': dict(type='ClusTR', arch='small',
