@@ -60,6 +60,29 @@ SKIP_EFFECTS = dict(
     'mmcv\'s compiled ops for mmdet/mmseg/mmpose configs')
 
 
+ON_VALUES = ('1', 'on', 'true', 'yes')
+OFF_VALUES = ('0', 'off', 'false', 'no')
+
+
+def switch(variable: str, default: bool) -> bool:
+    """An on/off ``CLUSTR_MM_*`` environment switch: unset or empty is
+    ``default``; :data:`ON_VALUES` / :data:`OFF_VALUES` (any case) turn it
+    on / off; anything else is a ValueError naming the variable and the
+    values it takes (a misspelt value must not leave it as it was)."""
+    import os
+    raw = os.environ.get(variable, '')
+    value = raw.strip().lower()
+    if not value:
+        return default
+    if value in ON_VALUES:
+        return True
+    if value in OFF_VALUES:
+        return False
+    raise ValueError(f'{variable}={raw!r} is not a switch value: use one of '
+                     f'{ON_VALUES} to turn it on or {OFF_VALUES} to turn it '
+                     f'off (unset: {"on" if default else "off"})')
+
+
 def skip_note(name: str) -> str:
     """A sentence for an error that leaving out change ``name`` may have
     caused: empty unless ``CLUSTR_MM_SKIP`` leaves it out."""

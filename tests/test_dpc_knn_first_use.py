@@ -196,3 +196,23 @@ def test_distance_bound_covers_fp32_round_off():
     tol = row_tolerance(x, None).double()
     assert (err <= tol / 2).all()
     assert (tol / err.clamp_min(1e-30)).min() < 1e5
+
+
+@pytest.mark.parametrize('variable', [first_use.OFF_ENV,
+                                      first_use.STRICT_ENV])
+def test_switch_values_are_parsed_alike_and_unknown_ones_refused(
+        monkeypatch, variable):
+    """Both switches take the same values; a misspelt one
+    (``=disable``) is refused by name instead of leaving the check on."""
+    read = (first_use._enabled if variable == first_use.OFF_ENV else
+            first_use._strict)
+    for value, expected in [('1', True), ('ON', True), ('yes', True),
+                            ('0', False), ('off', False), ('False', False)]:
+        monkeypatch.setenv(variable, value)
+        assert read() is expected, value
+    monkeypatch.setenv(variable, '')
+    assert read() is (variable == first_use.OFF_ENV)  # the default
+    monkeypatch.setenv(variable, 'disable')
+    with pytest.raises(ValueError, match=rf"{variable}='disable' is not a "
+                       r"switch value: use one of \('1', 'on'"):
+        read()

@@ -11,8 +11,9 @@ disagree, a warning (once per device) gives the device, its compute
 capability, the torch and Triton versions and the measured difference, and
 the blocked path clusters on that device for the rest of the process.
 
-Switches (environment, read at each first use):
-``CLUSTR_MM_FUSED_CHECK=0`` turns the check off;
+Switches (environment, read at each first use, parsed by
+:func:`clustr_mm.registry.switch`: 1/on/true/yes, 0/off/false/no, anything
+else refused): ``CLUSTR_MM_FUSED_CHECK=0`` turns the check off;
 ``CLUSTR_MM_FUSED_CHECK_STRICT=1`` makes a disagreement an error (CI).
 
 Shape class: (device, precision, tokens per window, channels, whether
@@ -25,13 +26,13 @@ compiling (``torch.compile``, ``torch.jit.trace``) or capturing a CUDA
 graph the op runs unchecked (an eager first use, e.g. a warm-up forward,
 checks it).
 """
-import os
 import threading
 import warnings
 from typing import Dict, Sequence, Tuple
 
 import torch
 
+from ....registry import switch
 from ..graph_safety import is_tracing
 from . import blocked, fused
 from .agreement import compare
@@ -79,13 +80,11 @@ def reset() -> None:
 
 
 def _enabled() -> bool:
-    return os.environ.get(OFF_ENV, '1').strip().lower() not in (
-        '0', 'off', 'false', 'no')
+    return switch(OFF_ENV, True)
 
 
 def _strict() -> bool:
-    return os.environ.get(STRICT_ENV, '0').strip().lower() in (
-        '1', 'on', 'true', 'yes')
+    return switch(STRICT_ENV, False)
 
 
 def _capturing(x: torch.Tensor) -> bool:
