@@ -510,6 +510,36 @@ def test_tool_arguments_are_refused_when_read(capsys, tmp_path, monkeypatch):
     flops = load_tool('get_flops')
     _refused(capsys, lambda: flops.main([CONFIG, '--shape', '0']),
              "argument --shape: must be an int >= 1, got '0'")
+    # numbers, each refused by name (issue 39, item 5)
+    soak = load_tool('memory_soak')
+    _refused(capsys, lambda: soak.main([CONFIG, '--warmup=-3']),
+             "argument --warmup: must be an int >= 0, got '-3'")
+    _refused(capsys, lambda: soak.main([CONFIG, '--max-growth-mb', 'nan']),
+             "argument --max-growth-mb: must be a finite number > 0, got "
+             "'nan'")
+    _refused(capsys, lambda: soak.main([CONFIG, '--iters', '10', '--warmup',
+                                        '5', '--window', '5']),
+             '--iters 10 is too few for --warmup 5 and two --window of 5')
+    _refused(capsys, lambda: load_tool('nan_check').main(
+        [CONFIG, '--iters', '0']), "argument --iters: must be an int >= 1")
+    _refused(capsys, lambda: load_tool('learning_check').main(
+        [CONFIG, '--metric', 'x', '--min-gain=-inf']),
+        "argument --min-gain: must be a finite number >= 0, got '-inf'")
+    _refused(capsys, lambda: bench.parse_args(['--timeout', '0']),
+             "argument --timeout: must be an int >= 1, got '0'")
+    _refused(capsys, lambda: load_tool('plot_benchmark').main(
+        ['r.json', '--out', 'p.png', '--fit-from', 'nan']),
+        "argument --fit-from: must be a finite number > 0, got nan")
+    _refused(capsys, lambda: draw.parse_args(
+        base + ['--out', 'x.png', '--stages=-1']),
+        "argument --stages: must be an int >= 0, got '-1'")
+    export = load_tool('pytorch2onnx', 'deployment')
+    for args, needle in [(['--shape', '0', '64'], "argument --shape"),
+                         (['--shape', '64', '64', '--tol', '0'],
+                          "argument --tol: must be a finite number > 0"),
+                         (['--shape', '64', '64', '--batch=-1'],
+                          "argument --batch: must be an int >= 1")]:
+        _refused(capsys, lambda: export.parse_args([CONFIG, *args]), needle)
 
 
 def test_clustr_converter_names_an_official_paca_file(tmp_path, monkeypatch,

@@ -2,6 +2,7 @@
 line is read (``argument --batch: must be an int >= 1, got '0'``), before
 any model is built or data is read."""
 import argparse
+import math
 import os.path as osp
 
 
@@ -21,6 +22,27 @@ def _int_at_least(minimum: int):
 
 positive_int = _int_at_least(1)
 non_negative_int = _int_at_least(0)
+
+
+def _float_above(minimum: float, inclusive: bool):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        ok = math.isfinite(value) and (value >= minimum if inclusive
+                                       else value > minimum)
+        if not ok:
+            sign = '>=' if inclusive else '>'
+            raise argparse.ArgumentTypeError(
+                f'must be a finite number {sign} {minimum:g}, got {text!r}')
+        return value
+    parse.__name__ = f'number {">=" if inclusive else ">"} {minimum:g}'
+    return parse
+
+
+positive_float = _float_above(0.0, inclusive=False)
+non_negative_float = _float_above(0.0, inclusive=True)
 
 
 def existing_dir(text: str) -> str:

@@ -120,6 +120,8 @@ import torch
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
+from clustr_mm.engine.cli_args import positive_int  # noqa: E402
+
 MODELS = {
     'clustr-t-exact': dict(type='ClusTR', arch='tiny', clustering_mode='exact'),
     'clustr-s-exact': dict(type='ClusTR', arch='small', clustering_mode='exact'),
@@ -747,7 +749,7 @@ def parse_args(argv):
                         help="the distance products of ClusTR's fused "
                         "clustering: tf32x3 (3xTF32 on tensor cores, the "
                         "model's default) or ieee (fp32 FMA products)")
-    parser.add_argument('--scale-batch', type=int, metavar='N',
+    parser.add_argument('--scale-batch', type=positive_int, metavar='N',
                         help='with --traffic: report batch N, scaling the '
                         'per-image traffic of the --batch run')
     parser.add_argument('--flops', action='store_true',
@@ -758,7 +760,7 @@ def parse_args(argv):
                         help='also profile one eval forward (torch.profiler):'
                         ' the ops with the most self time (CUDA kernels on '
                         'a GPU)')
-    parser.add_argument('--timeout', type=int, default=1800,
+    parser.add_argument('--timeout', type=positive_int, default=1800,
                         help='seconds per (model, size) child')
     parser.add_argument('--out', help='write all results as JSON here')
     parser.add_argument('--plot', metavar='PNG',

@@ -17,6 +17,7 @@ import sys
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 import clustr_mm  # noqa: E402,F401
+from clustr_mm.engine.cli_args import non_negative_float  # noqa: E402
 from clustr_mm.engine.launch import (  # noqa: E402
     add_common_args, build_runner, load_config)
 
@@ -54,7 +55,7 @@ def main(argv=None):
     add_common_args(parser)
     parser.add_argument('--metric', required=True,
                         help='metric key, e.g. coco/bbox_mAP or mIoU')
-    parser.add_argument('--min-gain', type=float, default=0.0,
+    parser.add_argument('--min-gain', type=non_negative_float, default=0.0,
                         help='required rise of the metric (default: any)')
     args = parser.parse_args(argv)
     cfg = load_config(args)

@@ -43,6 +43,8 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 from mmengine.hooks import Hook  # noqa: E402
 
 import clustr_mm  # noqa: E402,F401
+from clustr_mm.engine.cli_args import (  # noqa: E402
+    non_negative_int, positive_float, positive_int)
 from clustr_mm.engine.launch import add_common_args, load_config  # noqa: E402
 from clustr_mm.engine.short_run import run_short  # noqa: E402
 
@@ -109,17 +111,22 @@ def summarize(rss, warmup: int, window: int) -> dict:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(parser)
-    parser.add_argument('--iters', type=int, default=300)
-    parser.add_argument('--warmup', type=int, default=20,
+    parser.add_argument('--iters', type=positive_int, default=300)
+    parser.add_argument('--warmup', type=non_negative_int, default=20,
                         help='iterations before the start measurement')
-    parser.add_argument('--window', type=int, default=10,
+    parser.add_argument('--window', type=positive_int, default=10,
                         help='iterations whose median RSS is an end point')
-    parser.add_argument('--max-growth-mb', type=float, default=None,
+    parser.add_argument('--max-growth-mb', type=positive_float, default=None,
                         help='exit 1 if RSS grows by more (MiB)')
-    parser.add_argument('--mmap-threshold-kib', type=int, default=128,
+    parser.add_argument('--mmap-threshold-kib', type=non_negative_int,
+                        default=128,
                         help="fix glibc's mmap threshold (0: leave it "
                         'dynamic); see the module docstring')
     args = parser.parse_args(argv)
+    if args.iters < args.warmup + 2 * args.window:
+        parser.error(f'--iters {args.iters} is too few for --warmup '
+                     f'{args.warmup} and two --window of {args.window}: '
+                     f'at least {args.warmup + 2 * args.window}')
     threshold = fix_mmap_threshold(args.mmap_threshold_kib)
     cfg = load_config(args)
     hook = RSSHook()

@@ -41,6 +41,7 @@ from mmengine.hooks import Hook  # noqa: E402
 from mmengine.optim import AmpOptimWrapper, OptimWrapperDict  # noqa: E402
 
 import clustr_mm  # noqa: E402,F401
+from clustr_mm.engine.cli_args import positive_int  # noqa: E402
 from clustr_mm.engine.amp import use_amp  # noqa: E402
 from clustr_mm.engine.launch import add_common_args, load_config  # noqa: E402
 from clustr_mm.engine.short_run import run_short  # noqa: E402
@@ -138,7 +139,7 @@ class FiniteCheckHook(Hook):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(parser)
-    parser.add_argument('--iters', type=int, default=100,
+    parser.add_argument('--iters', type=positive_int, default=100,
                         help='training iterations to check (default 100)')
     parser.add_argument('--amp', choices=('bf16', 'fp16'),
                         help='train under autocast (fp16: GPU only)')

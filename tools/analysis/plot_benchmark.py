@@ -132,6 +132,9 @@ def main(argv=None):
     parser.add_argument('--fit-from', type=float, default=384,
                         help='smallest input side in the exponent fit')
     args = parser.parse_args(argv)
+    if not (math.isfinite(args.fit_from) and args.fit_from > 0):
+        parser.error(f'argument --fit-from: must be a finite number > 0, '
+                     f'got {args.fit_from!r}')
     with open(args.results) as f:
         results = json.load(f)
     exps = plot(results, args.out, args.fit_from)

@@ -312,7 +312,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help='override config entries, key=value')
     parser.add_argument('--out', required=True, type=new_file,
                         help='PNG to write')
-    parser.add_argument('--stages', type=int, nargs='+',
+    parser.add_argument('--stages', type=non_negative_int, nargs='+',
                         help='0-based stages (default: every stage with '
                         'clusters)')
     parser.add_argument('--blocks', type=int, nargs='+', default=[0],

@@ -64,6 +64,8 @@ from mmengine.config import Config, DictAction  # noqa: E402
 from torch import nn  # noqa: E402
 
 import clustr_mm  # noqa: E402,F401  (registers the backbones)
+from clustr_mm.engine.cli_args import (  # noqa: E402
+    positive_float, positive_int)
 
 SCOPES = ('mmpretrain', 'mmdet', 'mmseg', 'mmpose')
 EXPORTERS = ('torchscript', 'dynamo')
@@ -441,9 +443,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('config', help='config file')
     parser.add_argument('checkpoint', nargs='?', default=None,
                         help='weights (default: random, seed 0)')
-    parser.add_argument('--shape', nargs=2, type=int, required=True,
+    parser.add_argument('--shape', nargs=2, type=positive_int, required=True,
                         metavar=('H', 'W'), help='export input size')
-    parser.add_argument('--batch', type=int, default=1,
+    parser.add_argument('--batch', type=positive_int, default=1,
                         help='export batch size (default 1)')
     parser.add_argument('--dynamic', action='store_true',
                         help='batch, height and width as graph inputs')
@@ -454,11 +456,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="'backbone': export the model's backbone only")
     parser.add_argument('--exporter', choices=EXPORTERS,
                         default='torchscript')
-    parser.add_argument('--opset', type=int, default=17)
-    parser.add_argument('--tol', type=float, default=1e-4,
+    parser.add_argument('--opset', type=positive_int, default=17)
+    parser.add_argument('--tol', type=positive_float, default=1e-4,
                         help='largest allowed |onnx - torch| per output, in '
                         'units of max(1, max |torch|) (default 1e-4)')
-    parser.add_argument('--check-shape', nargs=3, type=int, action='append',
+    parser.add_argument('--check-shape', nargs=3, type=positive_int,
+                        action='append',
                         metavar=('B', 'H', 'W'), default=None,
                         help='(with --dynamic) also compare at this input; '
                         'repeatable (default: B+1, H+17, W+11)')

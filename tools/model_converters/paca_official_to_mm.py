@@ -29,6 +29,7 @@ from clustr_mm.models.backbones.paca import PaCaViT  # noqa: E402
 from clustr_mm.checkpoints import (  # noqa: E402
     compare_state_dicts, infer_paca_config, load_checkpoint_file)
 from clustr_mm.checkpoints.paca_official import SIGNATURE  # noqa: E402
+from clustr_mm.engine.cli_args import positive_int  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -36,7 +37,7 @@ def parse_args(argv=None):
     parser.add_argument('src', help='official checkpoint (.pth)')
     parser.add_argument('dst', help='output clustr_mm checkpoint (.pth)')
     parser.add_argument(
-        '--num-heads', type=int, nargs=4, default=None,
+        '--num-heads', type=positive_int, nargs=4, default=None,
         help='heads per stage if not the official 2 4 8 16')
     return parser.parse_args(argv)
 
