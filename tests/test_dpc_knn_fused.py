@@ -486,11 +486,12 @@ def tile_loop_census(ptx, trips, distances):
 
 
 @needs_triton
-def test_fused_op_launches_at_most_15():
-    """One clustering call (two scales, padded windows) launches 4 Triton
-    kernels and a handful of torch ops (gather, two sorts, a copy): at
-    most 15 launches (the op census's ops, allocations excluded, plus the
-    kernels), about 60 before the kernels took the steps between them."""
+def test_fused_op_launches_at_most_15(monkeypatch):
+    """One clustering call (two scales, padded windows; the op's body)
+    launches 4 Triton kernels and 4 torch ops (gather, two sorts, a copy):
+    at most 15 launches (the op census's ops, allocations excluded, plus
+    the kernels), about 60 before the kernels took the steps between
+    them."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     from clustr_mm.analysis.op_census import OpCensus
@@ -514,14 +515,16 @@ def test_fused_op_launches_at_most_15():
 
     names = ('_prep_kernel', '_knn_kernel', '_denser_kernel',
              '_assign_kernel')
+    monkeypatch.setattr(fused, 'INTERPRET', True)  # kernels on CPU tensors
     census = OpCensus()
     with interpreted(fused):
         saved = {n: getattr(fused, n) for n in names}
         try:
             for n in names:
                 setattr(fused, n, Counted(n, saved[n]))
-            with census:
-                fused._triton_passes(x, counts, 5, consts, 'tf32x3')
+            with census:  # the op's body, as the custom op runs it
+                fused._dpc_knn(x, consts.invalid, consts.knn_scale,
+                               consts.center_slots, counts, 5, 'tf32x3')
         finally:
             for n, k in saved.items():
                 setattr(fused, n, k)
@@ -530,6 +533,9 @@ def test_fused_op_launches_at_most_15():
     print(f'[launches] {len(kernels)} kernels, torch {torch_ops}')
     assert kernels == list(names), kernels
     assert len(kernels) + sum(torch_ops.values()) <= 15, torch_ops
+    # nothing else: no constants made per call (a new_tensor would be a
+    # host-to-device copy that waits for the stream on a GPU)
+    assert torch_ops == dict(sort=2, gather=1, clone=1), torch_ops
 
 
 @needs_triton

@@ -627,15 +627,18 @@ def _dpc_knn(x: torch.Tensor, invalid: Optional[torch.Tensor],
              knn_scale: Optional[torch.Tensor],
              center_valid: Optional[torch.Tensor], counts: List[int],
              k: int, precision: str) -> torch.Tensor:
-    g, n, _ = x.shape
-    windows = Windows(x.new_ones(g, n, 1), torch.arange(n, device=x.device),
-                      x.new_tensor(float('inf')),
-                      None if invalid is None else Padding(invalid, knn_scale),
-                      center_valid)
+    padding = None if invalid is None else Padding(invalid, knn_scale)
     if runs_kernels(x):
-        return _triton_passes(x, counts, k, windows, precision)
+        # the kernels read only the padding and the center slots: no
+        # constants to make (x.new_tensor(inf) is a host-to-device copy that
+        # waits for the stream, once per call)
+        return _triton_passes(x, counts, k, Windows(None, None, None, padding,
+                                                    center_valid), precision)
     # where the kernels cannot run: the blocked backend (IEEE fp32 whatever
     # the precision asked for) under the fused plan's budget
+    g, n, _ = x.shape
+    windows = Windows(x.new_ones(g, n, 1), torch.arange(n, device=x.device),
+                      x.new_tensor(float('inf')), padding, center_valid)
     return blocked.run(x, counts, k, windows, FUSED_PLAN)
 
 
