@@ -388,7 +388,7 @@ if triton is not None:
 
     @triton.jit
     def _assign_kernel(x_ptr, lo_ptr, sq_ptr, tie_ptr, centers_ptr,
-                       slots_ptr, out_ptr, n, G, num, count0,
+                       slots_ptr, out_ptr, n, G, num, count0, center_stride,
                        C: tl.constexpr, S: tl.constexpr,
                        HAS_SLOTS: tl.constexpr, BLOCK: tl.constexpr,
                        BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -416,7 +416,8 @@ if triton is not None:
         for k0 in range(0, num, BLOCK_K):
             slot = k0 + tl.arange(0, BLOCK_K)
             kmask = slot < num
-            cid = tl.load(centers_ptr + g * num + slot, mask=kmask, other=0)
+            cid = tl.load(centers_ptr + g * center_stride + slot, mask=kmask,
+                          other=0)
             if ROWS_ONCE:
                 b, bl = _tokens(x_ptr, lo_ptr, base + cid, kmask, C,
                                 PRECISION, True, True)
@@ -587,7 +588,7 @@ def _assign(hi, lo, sq, tie, centers, counts: Sequence[int],
     _assign_kernel[(g, triton.cdiv(n, BLOCK))](
         hi, hi if lo is None else lo, sq, tie, centers,
         sq if slots is None else slots.contiguous().view(torch.uint8), ids,
-        n, g, num, counts[0], C=c, S=len(counts),
+        n, g, num, counts[0], centers.stride(0), C=c, S=len(counts),
         HAS_SLOTS=slots is not None, BLOCK=BLOCK,
         BLOCK_K=config.assign_block, BLOCK_C=BLOCK_C, PRECISION=precision,
         ROWS_ONCE=config.rows_once, num_warps=ASSIGN_WARPS,
@@ -609,7 +610,7 @@ def _triton_passes(x: torch.Tensor, counts: Sequence[int], k: int,
     delta2, score = _denser_pass(hi, lo, sq, tie, order, rho, rowmax,
                                  precision)
     centers = torch.sort(score, dim=1, descending=True,
-                         stable=True).indices[:, :max(counts)].contiguous()
+                         stable=True).indices[:, :max(counts)]  # a view
     if probe is not None:
         record(probe, knn=knn_d, first=first, rho=rho, delta2=delta2,
                dmax2=rowmax.amax(-1), centers=centers)
