@@ -85,7 +85,9 @@ def test_first_use_passes_and_keeps_the_fused_op(kernels):
     assert len(reports) == 1
     (key, report), = reports.items()
     assert key == ('cpu', 'ieee', WS * WS, C, True)
-    assert report['agree'] and report['knn'] < 0.5, report
+    # round-off far inside the worst-case bound (at most 0.0044 of it
+    # measured anywhere, tests/test_dpc_knn_sizes.py)
+    assert report['agree'] and report['knn'] < 0.02, report
     assert len(kernels) == 1
     for a, b in zip(ids, blocked_assign(x)):
         assert torch.equal(a, b)

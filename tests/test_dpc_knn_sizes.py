@@ -47,8 +47,10 @@ def run_interpreted(name, hw, window_size, sr_ratio, channels, batch):
 
 def check(report):
     assert report['agree'], report
-    # the bound is a worst case; actual round-off is far below it
-    assert max(report['knn'], report['rho'], report['delta2']) < 0.5, report
+    # the bound is a worst case; actual round-off is far below it: at most
+    # 0.0044 of it measured (interpreter and H200, every case here and in
+    # the GPU tier, 2026-11-27)
+    assert max(report['knn'], report['rho'], report['delta2']) < 0.02, report
     assert report['center_mismatches'] == 0 and report['unexplained_ids'] == 0
 
 
