@@ -92,8 +92,8 @@ def fused_agreement(x, counts, consts, precision='ieee', k=5):
     from clustr_mm.models.layers.dpc_knn import fused
     from clustr_mm.models.layers.dpc_knn.agreement import compare
     from clustr_mm.models.layers.dpc_knn.reference import dpc_knn_reference
-    got, ref = {}, {}
-    got_ids = fused._triton_passes(x, counts, k, consts, precision, got)
+    ref = {}
+    got_ids, got = fused.probed(x, counts, k, consts, precision)
     ref_ids = dpc_knn_reference(x, counts, k, consts, probe=ref)
     report = compare(x, counts, consts, ref, got, ref_ids, got_ids,
                      precision)

@@ -140,9 +140,9 @@ def test_adversarial_windows_equal_reference(size, precision, kinds):
     (group, ) = layout.groups
     consts = batch_consts(layout, kinds, c).groups[0].windows
     counts = [group.counts[s] for s in layout.clustered]
-    probe, ref_probe = {}, {}
+    ref_probe = {}
     with interpreted(fused):
-        got = fused._triton_passes(x, counts, 5, consts, precision, probe)
+        got, probe = fused.probed(x, counts, 5, consts, precision)
     ref = dpc_knn_reference(x, counts, 5, consts, emulate=precision,
                             probe=ref_probe)
     bad = (got != ref).flatten(1).any(1).nonzero().flatten()

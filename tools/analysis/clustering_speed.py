@@ -227,8 +227,7 @@ def stage_rows(calls, args):
         row['fp32_reordered_ids_pct'] = 100 * float(
             (flipped != ref_ids).sum()) / total
         for precision in ('ieee', 'tf32x3'):
-            got = {}
-            ids = fused._triton_passes(x, counts, k, windows, precision, got)
+            ids, got = fused.probed(x, counts, k, windows, precision)
             report = compare(x, counts, windows, ref_probe, got, ref_ids,
                              ids, precision)
             row[precision] = dict(

@@ -618,6 +618,16 @@ def _triton_passes(x: torch.Tensor, counts: Sequence[int], k: int,
                    precision)
 
 
+def probed(x: torch.Tensor, counts: Sequence[int], k: int,
+           windows: Windows, precision: str):
+    """The kernels' ids and their intermediate values (``probe``: as
+    :func:`~.reference.dpc_knn_reference`'s), outside the op: for comparing
+    them with another backend (:mod:`.first_use`, tests)."""
+    probe = {}
+    ids = _triton_passes(x, counts, k, windows, precision, probe)
+    return ids, probe
+
+
 def runs_kernels(x: torch.Tensor) -> bool:
     """Whether the op runs the kernels on ``x`` (a CUDA tensor, or Triton's
     interpreter on); otherwise it runs the blocked backend."""
