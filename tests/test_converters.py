@@ -16,9 +16,19 @@ pytestmark = pytest.mark.torch21
 
 
 def _backbones():
+    """ClusTR-T and a small PaCa-ViT with every parameter and buffer drawn
+    at random: at their initial values many tensors are equal (every
+    LayerNorm's weight is ones), so a converter that swapped two of them
+    (norm1 for norm2) would still round-trip."""
     torch.manual_seed(0)
     clustr = MODELS.build(dict(type='ClusTR', arch='tiny'))
-    return clustr, build_paca('conv', init=False)
+    paca = build_paca('conv', init=False)
+    with torch.no_grad():
+        for model in (clustr, paca):
+            for tensor in model.state_dict().values():
+                if tensor.is_floating_point():
+                    tensor.copy_(torch.randn_like(tensor))
+    return clustr, paca
 
 
 def test_each_layout_is_detected_converted_and_inferred():
