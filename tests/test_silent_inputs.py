@@ -4,6 +4,7 @@ names the argument, the value and what is allowed; half precision runs.
 
 Unit-level wherever the behaviour lives in a function; the tool-level checks
 are batched into a few ``slow`` tests at the end."""
+import importlib.util
 import json
 import re
 import sys
@@ -32,7 +33,7 @@ from clustr_mm.models.layers.reducers import (CentroidAttention, GridPool,
                                               SoftCluster)
 from clustr_mm.registry import skip_note
 
-from conftest import ROOT, load_tool, run_tool
+from conftest import ROOT, load_config, load_tool, run_tool
 
 ARCH = dict(embed_dims=(8, 16, 32, 64), depths=(1, 1, 1, 1),
             num_heads=(1, 1, 2, 4), mlp_ratios=(2, 2, 2, 2))
@@ -624,3 +625,38 @@ def test_tools_refuse_what_used_to_pass_silently(tiny_data, tmp_path):
     out = run_tool(['bash', 'tools/dist_train.sh', CONFIG], check=False,
                    python=False)
     assert out.returncode == 2 and 'NPROC' in out.stdout
+
+
+def test_tools_name_the_real_problem(tmp_path, monkeypatch, capsys):
+    """Issue 39, item 6: a library's unrelated error is replaced by what
+    is wrong: another model family's weights given to the exporter (it
+    printed one raw 'size mismatch' line per tensor), a library config
+    that does not exist (MMEngine's 'please specify the package name'),
+    mmdeploy absent from the default environment."""
+    monkeypatch.chdir(ROOT)
+    export = load_tool('pytorch2onnx', 'deployment')
+    from clustr_mm.models.backbones.paca import PaCaViT
+    torch.manual_seed(0)
+    weights = tmp_path / 'paca.pth'
+    torch.save({'state_dict': {f'backbone.{k}': v for k, v in PaCaViT(
+        'tiny').state_dict().items()}}, weights)
+    model, _ = export.build_model(load_config(
+        'configs/clustr/clustr-t_embedded-imagenet.py'))
+    with pytest.raises(export.ExportError, match=r'does not fit the exported '
+                       r'backbone: .* of another shape .*: is it the weights '
+                       'of this config'):
+        export.load_weights(model.backbone, str(weights), backbone=True)
+    speed = load_tool('train_speed')
+    with pytest.raises(SystemExit, match=r"mmpretrain::nope.py: mmpretrain "
+                       r"has no config 'nope.py' \(looked in .*configs"):
+        speed.load('mmpretrain::nope.py')
+    with pytest.raises(SystemExit, match="no installed library 'nolib'"):
+        speed.load('nolib::x/y.py')
+    if importlib.util.find_spec('mmdeploy') is None:
+        deploy = load_tool('mmdeploy_detection', 'deployment')
+        with pytest.raises(SystemExit, match=r'needs mmdeploy .*'
+                           r'setup_mmdeploy_env\.sh'):
+            deploy.main(['configs/paca/mask-rcnn_paca-t_fpn_embedded-coco.py',
+                         '--deploy-cfg', 'configs/deploy/'
+                         'mask-rcnn_onnxruntime_static-256x256.py',
+                         '--images', 'README.md'])

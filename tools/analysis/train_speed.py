@@ -69,10 +69,23 @@ def has_resize(transform) -> bool:
 
 
 def load(config: str) -> Config:
-    """A config file, or ``scope::path`` from an installed library."""
+    """A config file, or ``scope::path`` from an installed library's
+    configs folder; what is missing (the library, the file) is named."""
     if '::' in config:
-        from mmengine.hub import get_config
-        return get_config(config)
+        from importlib.util import find_spec
+        scope, _, rel = config.partition('::')
+        spec = find_spec(scope) if scope.isidentifier() else None
+        if spec is None or spec.origin is None:
+            raise SystemExit(f'{config}: no installed library {scope!r} '
+                             '(scope::path names a config of mmpretrain, '
+                             'mmdet, mmseg or mmpose)')
+        root = osp.join(osp.dirname(spec.origin), '.mim', 'configs')
+        path = osp.join(root, rel)
+        if not osp.isfile(path):
+            raise SystemExit(
+                f'{config}: {scope} has no config {rel!r} (looked in {root}; '
+                'e.g. mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py)')
+        config = path
     if not osp.isfile(config):
         raise SystemExit(f'config file not found: {config}')
     return Config.fromfile(config)

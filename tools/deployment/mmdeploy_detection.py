@@ -209,6 +209,14 @@ def rewritten_forward(model, deploy_cfg):
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
+    try:
+        import mmdeploy  # noqa: F401
+    except ImportError as err:
+        raise SystemExit(
+            f'mmdeploy_detection.py needs mmdeploy ({err}); it lives in its '
+            'own environment on the torch 2.1 stack: run `bash '
+            'tools/deployment/setup_mmdeploy_env.sh` once, then this tool '
+            'with .venv-mmdeploy/bin/python (docs/deployment.md)') from None
     from mmdeploy.apis import torch2onnx
     from mmdeploy.apis.utils import build_task_processor
     from mmdeploy.utils import get_input_shape, load_config

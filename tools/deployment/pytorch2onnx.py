@@ -106,14 +106,22 @@ def load_weights(module: nn.Module, checkpoint: str, backbone: bool) -> None:
     if backbone and any(k.startswith('backbone.') for k in state):
         state = {k[len('backbone.'):]: v for k, v in state.items()
                  if k.startswith('backbone.')}
-    result = module.load_state_dict(state, strict=False)
-    if result.missing_keys or result.unexpected_keys:
+    own = module.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    # checked here: load_state_dict raises one raw 'size mismatch' line per
+    # tensor even with strict=False (another model family: dozens)
+    resized = [f'{k}: file {tuple(state[k].shape)}, model '
+               f'{tuple(own[k].shape)}' for k in own
+               if k in state and state[k].shape != own[k].shape]
+    if missing or unexpected or resized:
         raise ExportError(
             f'{checkpoint} does not fit the exported '
-            f'{"backbone" if backbone else "model"}: '
-            f'{len(result.missing_keys)} weights missing (e.g. '
-            f'{result.missing_keys[:3]}), {len(result.unexpected_keys)} '
-            f'unexpected (e.g. {result.unexpected_keys[:3]})')
+            f'{"backbone" if backbone else "model"}: {len(missing)} weights '
+            f'missing (e.g. {missing[:3]}), {len(unexpected)} unexpected '
+            f'(e.g. {unexpected[:3]}), {len(resized)} of another shape (e.g. '
+            f'{resized[:3]}): is it the weights of this config?')
+    module.load_state_dict(state)
 
 
 def _flatten(out) -> List[torch.Tensor]:
