@@ -660,3 +660,20 @@ def test_tools_name_the_real_problem(tmp_path, monkeypatch, capsys):
                          '--deploy-cfg', 'configs/deploy/'
                          'mask-rcnn_onnxruntime_static-256x256.py',
                          '--images', 'README.md'])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='the CPU refusal; a '
+                    'GPU trains pose configs with fp16 --amp')
+def test_cpu_amp_refuses_pose_configs_by_name():
+    """Issue 39, item 3: bf16 --amp on a CPU failed inside mmpose's heatmap
+    head (`Got unsupported ScalarType BFloat16`, its accuracy goes through
+    numpy); it is now refused when the config is read, for tools/train.py
+    and nan_check.py alike (both call use_amp). Other task families still
+    switch (tests/test_tools.py trains them)."""
+    from clustr_mm.engine.amp import use_amp
+    cfg = load_config('configs/clustr/td-hm_clustr-t_embedded-coco-wholebody.py')
+    with pytest.raises(ValueError, match=r'--amp on the CPU \(bfloat16 '
+                       r'autocast\) cannot train an mmpose config'):
+        use_amp(cfg)
+    other = load_config('configs/clustr/clustr-t_embedded-imagenet.py')
+    assert use_amp(other) == 'CPUAmpOptimWrapper'

@@ -104,7 +104,8 @@ def use_amp(cfg, dtype=None) -> str:
     """Switch ``cfg.optim_wrapper`` to mixed precision; returns its type.
 
     GPU: ``AmpOptimWrapper`` (``dtype`` None/'float16' with dynamic loss
-    scaling, or 'bfloat16'). CPU: :class:`CPUAmpOptimWrapper`, bf16 only.
+    scaling, or 'bfloat16'). CPU: :class:`CPUAmpOptimWrapper`, bf16 only,
+    refused for mmpose configs (its heatmap head cannot take bf16).
     """
     wrapper = cfg.optim_wrapper
     kind = wrapper.get('type', 'OptimWrapper')
@@ -123,6 +124,13 @@ def use_amp(cfg, dtype=None) -> str:
             raise ValueError(
                 f'--amp {dtype} needs a GPU (MMEngine\'s AmpOptimWrapper); '
                 'on the CPU only bfloat16 autocast exists')
+        if cfg.get('default_scope') == 'mmpose':
+            raise ValueError(
+                '--amp on the CPU (bfloat16 autocast) cannot train an mmpose '
+                "config: mmpose's heatmap head turns the bf16 heatmaps into "
+                'numpy arrays for its accuracy (TypeError: Got unsupported '
+                'ScalarType BFloat16). Train pose configs in fp32 on the '
+                'CPU, or with --amp on a GPU (fp16)')
         wrapper.type = 'CPUAmpOptimWrapper'
         wrapper.pop('loss_scale', None)
         wrapper.pop('dtype', None)
