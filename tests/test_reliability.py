@@ -372,6 +372,46 @@ def test_two_process_run_matches_one_process_run(tiny_data, tmp_path):
     assert rel < DIST_WEIGHT_REL_TOL, rel
 
 
+@pytest.mark.slow
+def test_two_nodes_match_one_node(tiny_data, tmp_path):
+    """``tools/dist_train.sh`` as two machines of a cluster start it
+    (NNODES=2, NODE_RANK 0 and 1, one CPU process each, gloo over the
+    loopback address, the same MASTER_ADDR and PORT) trains as one node
+    with two processes: every rank logs the same losses (same seed, same
+    sampler split), both runs end, and only global rank 0 saves the
+    checkpoints. Shared work directory, as a cluster's shared filesystem."""
+    import subprocess
+
+    from conftest import tool_env
+    env = dict(ONE_THREAD, PYTHONPATH=str(ROOT / 'tests' / 'configs'))
+    train = ['bash', 'tools/dist_train.sh', FIXED_CROP_CONFIG]
+    opts = ['--cfg-options', 'train_cfg.max_epochs=2',
+            'train_cfg.val_interval=100', 'train_cfg.val_begin=100',
+            'train_dataloader.batch_size=4']
+    one, two = tmp_path / 'one', tmp_path / 'two'
+    run_tool([*train, '2', '--work-dir', str(one), *opts], python=False,
+             env=dict(env, PORT=str(free_port())))
+    nodes = dict(env, NNODES='2', MASTER_ADDR='127.0.0.1',
+                 PORT=str(free_port()))
+    procs = [subprocess.Popen(
+        [*train, '1', '--work-dir', str(two), *opts], cwd=ROOT,
+        env=tool_env(dict(nodes, NODE_RANK=str(rank))), text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for rank in (0, 1)]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    for rank, (proc, out) in enumerate(zip(procs, outs)):
+        assert proc.returncode == 0, (rank, out[-4000:])
+    for rank in (0, 1):
+        a, b = _rank_losses(one, rank), _rank_losses(two, rank)
+        assert [r['iter'] for r in a] == [r['iter'] for r in b] == \
+            list(range(1, 9))
+        diffs = [abs(x['loss'] - y['loss']) for x, y in zip(a, b)]
+        assert max(diffs) < DIST_LOSS_TOL, (rank, diffs)
+    assert sorted(p.name for p in two.glob('epoch_*.pth')) == [
+        'epoch_1.pth', 'epoch_2.pth']
+    assert 'Saving checkpoint' in outs[0]
+    assert 'Saving checkpoint' not in outs[1], outs[1][-3000:]
+
+
 # --------------------------------------------------------------------------
 # Nothing passes silently: divergence, resume, checkpoint files, AMP.
 from mmengine.hooks import CheckpointHook  # noqa: E402
