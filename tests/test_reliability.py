@@ -379,7 +379,8 @@ def test_two_nodes_match_one_node(tiny_data, tmp_path):
     loopback address, the same MASTER_ADDR and PORT) trains as one node
     with two processes: every rank logs the same losses (same seed, same
     sampler split), both runs end, and only global rank 0 saves the
-    checkpoints. Shared work directory, as a cluster's shared filesystem."""
+    checkpoints; ``tools/dist_test.sh`` on two nodes gives the one node's
+    accuracy. Shared work directory, as a cluster's shared filesystem."""
     import subprocess
 
     from conftest import tool_env
@@ -389,17 +390,24 @@ def test_two_nodes_match_one_node(tiny_data, tmp_path):
             'train_cfg.val_interval=100', 'train_cfg.val_begin=100',
             'train_dataloader.batch_size=4']
     one, two = tmp_path / 'one', tmp_path / 'two'
+
+    def two_nodes(command):
+        """``command`` (one process per node) on nodes 0 and 1 at once:
+        their outputs."""
+        nodes = dict(env, NNODES='2', MASTER_ADDR='127.0.0.1',
+                     PORT=str(free_port()))
+        procs = [subprocess.Popen(
+            command, cwd=ROOT, env=tool_env(dict(nodes, NODE_RANK=str(rank))),
+            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            for rank in (0, 1)]
+        outs = [p.communicate(timeout=600)[0] for p in procs]
+        for rank, (proc, out) in enumerate(zip(procs, outs)):
+            assert proc.returncode == 0, (rank, out[-4000:])
+        return outs
+
     run_tool([*train, '2', '--work-dir', str(one), *opts], python=False,
              env=dict(env, PORT=str(free_port())))
-    nodes = dict(env, NNODES='2', MASTER_ADDR='127.0.0.1',
-                 PORT=str(free_port()))
-    procs = [subprocess.Popen(
-        [*train, '1', '--work-dir', str(two), *opts], cwd=ROOT,
-        env=tool_env(dict(nodes, NODE_RANK=str(rank))), text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for rank in (0, 1)]
-    outs = [p.communicate(timeout=600)[0] for p in procs]
-    for rank, (proc, out) in enumerate(zip(procs, outs)):
-        assert proc.returncode == 0, (rank, out[-4000:])
+    outs = two_nodes([*train, '1', '--work-dir', str(two), *opts])
     for rank in (0, 1):
         a, b = _rank_losses(one, rank), _rank_losses(two, rank)
         assert [r['iter'] for r in a] == [r['iter'] for r in b] == \
@@ -410,6 +418,15 @@ def test_two_nodes_match_one_node(tiny_data, tmp_path):
         'epoch_1.pth', 'epoch_2.pth']
     assert 'Saving checkpoint' in outs[0]
     assert 'Saving checkpoint' not in outs[1], outs[1][-3000:]
+    # evaluation alike: two nodes give the one node's accuracy
+    test = ['bash', 'tools/dist_test.sh', FIXED_CROP_CONFIG,
+            str(two / 'epoch_2.pth')]
+    single = run_tool([*test, '2', '--work-dir', str(tmp_path / 'test1')],
+                      python=False, env=dict(env, PORT=str(free_port())))
+    pair = two_nodes([*test, '1', '--work-dir', str(tmp_path / 'test2')])
+    top1 = [re.findall(r'accuracy/top1: ([\d.]+)', out)
+            for out in (single.stdout, pair[0])]
+    assert top1[0] and top1[0] == top1[1], top1
 
 
 # --------------------------------------------------------------------------
