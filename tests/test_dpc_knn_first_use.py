@@ -85,9 +85,10 @@ def test_first_use_passes_and_keeps_the_fused_op(kernels):
     assert len(reports) == 1
     (key, report), = reports.items()
     assert key == ('cpu', 'ieee', WS * WS, C, True)
-    # round-off far inside the worst-case bound (at most 0.0044 of it
-    # measured anywhere, tests/test_dpc_knn_sizes.py)
-    assert report['agree'] and report['knn'] < 0.02, report
+    print(f'[first-use] {report}')
+    # round-off far inside the worst-case bound (this case: 0.0130 of it
+    # measured, 2026-11-27; ~3x that)
+    assert report['agree'] and report['knn'] < 0.04, report
     # first use: the probed kernels and the op; then the op alone, no
     # second check
     assert len(kernels) == 2

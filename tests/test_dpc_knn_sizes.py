@@ -48,9 +48,9 @@ def run_interpreted(name, hw, window_size, sr_ratio, channels, batch):
 def check(report):
     assert report['agree'], report
     # the bound is a worst case; actual round-off is far below it: at most
-    # 0.0044 of it measured (interpreter and H200, every case here and in
-    # the GPU tier, 2026-11-27)
-    assert max(report['knn'], report['rho'], report['delta2']) < 0.02, report
+    # 0.0119 of it measured (fast-12x14-w10, 16 channels; the others here
+    # 0.0011-0.0039, the GPU tier's at most 0.0044; 2026-11-27): ~3x that
+    assert max(report['knn'], report['rho'], report['delta2']) < 0.035, report
     assert report['center_mismatches'] == 0 and report['unexplained_ids'] == 0
 
 

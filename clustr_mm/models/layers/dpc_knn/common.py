@@ -92,7 +92,8 @@ class Windows:
     the tokens.
 
     ``ones`` (G, n, 1), ``positions`` ``arange(n)`` and ``inf`` (0-dim +inf)
-    are cached tensors. ``padding``: None when no window is padded.
+    are cached tensors, for the reference and blocked backends (None where
+    the fused kernels run: they read only the padding and center slots). ``padding``: None when no window is padded.
     ``center_slots`` (S, G, K): which of the K center slots are centers of
     each scale; None when there is one scale and every window has the same
     count (its first ``counts[0]`` slots).
