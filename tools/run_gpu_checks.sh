@@ -50,6 +50,10 @@ MODELS=(clustr-s-exact pvtv2-b2 paca-s swin-t)  # window = exact at 224
   --sizes 224 --train-step --precision ieee --models clustr-s-exact pvtv2-b2 \
   --out "$OUT/bench-224-ieee.json" 2>&1 | tee "$OUT/bench-224-ieee.log"
 log "4. Mask R-CNN seconds per iteration, fp32 and AMP"
+# the 1x configs read COCO's annotation files: the tiny embedded set serves
+# (train_speed.py resizes every image to 1333x800)
+[ -f data/coco/annotations/instances_train2017.json ] || \
+  "$PY" tools/data/make_tiny_data.py --out data > "$OUT/tiny-data.log" 2>&1
 for CFG in configs/clustr/mask-rcnn_clustr-s_fpn_1x_coco.py \
            configs/paca/mask-rcnn_paca-s_fpn_ms-1x_coco.py \
            mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py; do
