@@ -718,10 +718,11 @@ def test_benchmark_traffic(tmp_path):
     for r in rows:
         assert 'error' not in r, r
         assert r['scale_batch'] == 8 and len(r['top_ops']) == 10
-        assert r['precision'] == 'tf32x3'
         assert r['bytes'] == pytest.approx(r['bytes_read'] +
                                            r['bytes_written'])
         assert r['time_bound_s'] >= r['ops'] * 2.5e-6 * (1 - 1e-9)
+    # the precision that applied: the counted fused op's, none for Swin-T
+    assert clustr['precision'] == 'tf32x3' and swin['precision'] is None
     # the clustering is the fused op, once per clustering block
     assert clustr['op_counts']['clustr_mm::dpc_knn'] == 9
     assert 'topk' not in clustr['op_counts']
@@ -832,7 +833,8 @@ def test_benchmark_child_past_its_timeout_is_a_failed_row(monkeypatch):
     monkeypatch.setattr(tool.subprocess, 'run', too_slow)
     args = tool.parse_args(['--timeout', '5'])
     assert tool.run_child('paca-s', (512, 512), args) == dict(
-        model='paca-s', size='512x512', error='stopped after --timeout 5 s')
+        model='paca-s', size='512x512', precision=None,
+        error='stopped after --timeout 5 s')
 
 
 def test_learning_check_weight_change_per_part():

@@ -74,7 +74,11 @@ is polluted by an earlier one. Peers come from the installed mmdet.
   run at ~165 TFLOP/s (3xTF32: three products at the ~495 TFLOP/s dense
   TF32 peak per fp32 product).
 - ``--precision ieee|tf32x3``: the distance products of ClusTR's fused
-  clustering (the reducers' ``precision``; default ieee, exact fp32).
+  clustering (the reducers' ``precision``; default tf32x3, the model's).
+  Each row's ``precision`` is what applied: the asked one where the fused
+  op computes (CUDA with Triton) or is counted (``--traffic``), ``ieee``
+  where ClusTR clusters with the IEEE fp32 backends (a CPU), None for a
+  model without the clustering.
 - ``--runtime onnxruntime``: after the eager timing (as without it), the
   backbone is exported with ``tools/deployment/pytorch2onnx.py``'s
   ``export`` (TorchScript exporter, opset 17, static input shape: the
@@ -309,12 +313,20 @@ def profile_top(forward, sync, device, rows=15):
         for e in events[:rows]])
 
 
-def set_precision(model, precision):
-    """The fused clustering's distance products in every DPC-kNN reducer."""
-    from clustr_mm.models.layers.dpc_knn import DPCKNN
-    for m in model.modules():
-        if isinstance(m, DPCKNN):
-            m.precision = precision
+def set_precision(model, precision, device, counted):
+    """The fused clustering's distance products in every DPC-kNN reducer;
+    returns the precision that applies (:func:`measure`'s row): None
+    without a reducer, ``precision`` where the fused op runs on ``device``
+    or is ``counted`` (the traffic census), else 'ieee' (the blocked and
+    reference backends are IEEE fp32 whatever is asked)."""
+    from clustr_mm.models.layers.dpc_knn import DPCKNN, fused
+    reducers = [m for m in model.modules() if isinstance(m, DPCKNN)]
+    for m in reducers:
+        m.precision = precision
+    if not reducers:
+        return None
+    runs = counted or fused.why_not(torch.device(device)) is None
+    return precision if runs else 'ieee'
 
 
 def cuda_path(model):
@@ -385,11 +397,11 @@ def measure(name, size, args):
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = build(name, args.with_cp).to(args.device)
-    set_precision(model, args.precision)
+    applied = set_precision(model, args.precision, args.device, args.traffic)
     x = torch.randn(args.batch, 3, *size, device=args.device)
     result = dict(model=name, size=f'{size[0]}x{size[1]}', batch=args.batch,
                   threads=args.threads, compile=args.compile,
-                  with_cp=args.with_cp)
+                  with_cp=args.with_cp, precision=applied)
     result['params_m'] = sum(p.numel() for p in model.parameters()) / 1e6
     if args.compile != 'none':
         torch._dynamo.reset()
@@ -513,13 +525,13 @@ def run_child(name, size, args):
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
                               timeout=args.timeout)
     except subprocess.TimeoutExpired:  # the row says so; the others go on
-        return dict(model=name, size=f'{size[0]}x{size[1]}',
+        return dict(model=name, size=f'{size[0]}x{size[1]}', precision=None,
                     error=f'stopped after --timeout {args.timeout} s')
     for line in proc.stdout.splitlines():
         if line.startswith('RESULT '):
             return json.loads(line[7:])
     err = (proc.stderr or proc.stdout).strip().splitlines()
-    return dict(model=name, size=f'{size[0]}x{size[1]}',
+    return dict(model=name, size=f'{size[0]}x{size[1]}', precision=None,
                 error=err[-1] if err else f'exit {proc.returncode}')
 
 
@@ -862,10 +874,11 @@ def main(argv=None):
         for name in args.models:
             if size[0] * size[1] > args.max_pixels.get(name, float('inf')):
                 r = dict(model=name, size=f'{size[0]}x{size[1]}',
-                         skipped='above --max-size')
+                         skipped='above --max-size', precision=None)
             else:
                 r = run_child(name, size, args)
-            r.update(info)
+            # the run's facts, then the row's own (precision: what applied)
+            r = {**info, **r}
             rows.append(r)
             print(table.row(r), flush=True)
         for line in table.ratios(rows):
