@@ -88,12 +88,12 @@ def interpreted_cases():
         calls.append(1)
         return passes(*args)
 
-    def knn_seen(hi, lo, sq, tie, *rest):
+    def knn_seen(hi, lo, sq, tie, knn_scale, k, precision, config=None):
         # the precision the kernels get, and the tie threshold per |x|^2
         real = (sq > 0) & (sq < float('inf'))
-        seen.append((rest[-1], float((tie / sq)[real].amax()),
+        seen.append((precision, float((tie / sq)[real].amax()),
                      hi.shape[-1]))
-        return knn_pass(hi, lo, sq, tie, *rest)
+        return knn_pass(hi, lo, sq, tie, knn_scale, k, precision, config)
 
     fused._triton_passes, fused._knn_pass = counted, knn_seen
     out = dict(ids={}, model={})

@@ -196,6 +196,37 @@ if triton is not None:
         return sq_r[:, None] + sq_c[None, :] - 2.0 * acc
 
     @triton.jit
+    def _row_block(x_ptr, lo_ptr, rtok, rmask, C: tl.constexpr,
+                   PRECISION: tl.constexpr, MASKED: tl.constexpr,
+                   ROWS_ONCE: tl.constexpr):
+        """The row block's channels and lo halves, loaded once for every
+        tile (ROWS_ONCE); without it the tiles load them per channel step
+        and the row indices stand in (unused)."""
+        if ROWS_ONCE:
+            a, al = _tokens(x_ptr, lo_ptr, rtok, rmask, C, PRECISION, MASKED,
+                            False)
+        else:
+            a, al = rtok, rtok
+        return a, al
+
+    @triton.jit
+    def _tile_distances(x_ptr, lo_ptr, sq_ptr, a, al, sq_r, rtok, rmask,
+                        ctok, cmask, C: tl.constexpr, BLOCK_C: tl.constexpr,
+                        PRECISION: tl.constexpr, MASKED: tl.constexpr,
+                        ROWS_ONCE: tl.constexpr):
+        """Squared distances of the row block (``a``/``al`` from
+        :func:`_row_block`, norms ``sq_r``) to tokens ``ctok``."""
+        if ROWS_ONCE:
+            b, bl = _tokens(x_ptr, lo_ptr, ctok, cmask, C, PRECISION, MASKED,
+                            True)
+            acc = _dot(a, al, b, bl, PRECISION)
+        else:
+            acc = _products(x_ptr, lo_ptr, rtok, rmask, ctok, cmask, C,
+                            BLOCK_C, PRECISION, MASKED)
+        sq_c = tl.load(sq_ptr + ctok, mask=cmask, other=float('inf'))
+        return _distances(sq_r, sq_c, acc)
+
+    @triton.jit
     def _order(low, d):
         """(min, max) of two tensors, elementwise: one step of an insertion
         network."""
@@ -265,25 +296,16 @@ if triton is not None:
         inf = tl.full((BLOCK, BLOCK_N), float('inf'), tl.float32)
         L0, L1, L2, L3, L4, L5, L6, L7 = inf, inf, inf, inf, inf, inf, inf, inf
         far = tl.zeros((BLOCK, BLOCK_N), tl.float32)
-        if ROWS_ONCE:  # the rows' channels loaded once, not per tile
-            a, al = _tokens(x_ptr, lo_ptr, base + rows, rmask, C, PRECISION,
-                            MASKED, False)
+        a, al = _row_block(x_ptr, lo_ptr, base + rows, rmask, C, PRECISION,
+                           MASKED, ROWS_ONCE)
         tiles = tl.cdiv(n, BLOCK_N)
         own = blk * (BLOCK // BLOCK_N)  # the first tile of the rows' own
         for j in range(0, tiles):
             cols = ((own + j) % tiles) * BLOCK_N + lane
             cmask = cols < n
-            if ROWS_ONCE:
-                b, bl = _tokens(x_ptr, lo_ptr, base + cols, cmask, C,
-                                PRECISION, MASKED, True)
-                acc = _dot(a, al, b, bl, PRECISION)
-            else:
-                acc = _products(x_ptr, lo_ptr, base + rows, rmask,
-                                base + cols, cmask, C, BLOCK_C, PRECISION,
-                                MASKED)
-            sq_c = tl.load(sq_ptr + base + cols, mask=cmask,
-                           other=float('inf'))
-            d = _distances(sq_r, sq_c, acc)
+            d = _tile_distances(x_ptr, lo_ptr, sq_ptr, a, al, sq_r,
+                                base + rows, rmask, base + cols, cmask, C,
+                                BLOCK_C, PRECISION, MASKED, ROWS_ONCE)
             if j < BLOCK // BLOCK_N:  # the own tiles: 0 on the diagonal
                 d = tl.where(rows[:, None] == cols[None, :], 0.0, d)
             far = tl.maximum(far, tl.where(d < float('inf'), d, 0.0))
@@ -340,25 +362,16 @@ if triton is not None:
         base = g * n
         rows = tl.load(order_ptr + base + pos, mask=pmask, other=0)
         sq_r = tl.load(sq_ptr + base + rows, mask=pmask, other=float('inf'))
-        if ROWS_ONCE:  # the rows' channels loaded once, not per tile
-            a, al = _tokens(x_ptr, lo_ptr, base + rows, pmask, C, PRECISION,
-                            MASKED, False)
+        a, al = _row_block(x_ptr, lo_ptr, base + rows, pmask, C, PRECISION,
+                           MASKED, ROWS_ONCE)
         near = tl.full((BLOCK, BLOCK_N), float('inf'), tl.float32)
         for c0 in range(0, start + BLOCK, BLOCK_N):
             cpos = c0 + tl.arange(0, BLOCK_N)
             cmask = cpos < n
             cols = tl.load(order_ptr + base + cpos, mask=cmask, other=0)
-            if ROWS_ONCE:
-                b, bl = _tokens(x_ptr, lo_ptr, base + cols, cmask, C,
-                                PRECISION, MASKED, True)
-                acc = _dot(a, al, b, bl, PRECISION)
-            else:
-                acc = _products(x_ptr, lo_ptr, base + rows, pmask,
-                                base + cols, cmask, C, BLOCK_C, PRECISION,
-                                MASKED)
-            sq_c = tl.load(sq_ptr + base + cols, mask=cmask,
-                           other=float('inf'))
-            d = _distances(sq_r, sq_c, acc)
+            d = _tile_distances(x_ptr, lo_ptr, sq_ptr, a, al, sq_r,
+                                base + rows, pmask, base + cols, cmask, C,
+                                BLOCK_C, PRECISION, MASKED, ROWS_ONCE)
             if c0 >= start:  # the own tiles: the columns before each row
                 d = tl.where(cpos[None, :] < pos[:, None], d, float('inf'))
             near = tl.minimum(near, d)
@@ -406,9 +419,8 @@ if triton is not None:
         base = g * n
         sq_r = tl.load(sq_ptr + base + rows, mask=rmask, other=float('inf'))
         tie = tl.load(tie_ptr + base + rows, mask=rmask, other=0.0)
-        if ROWS_ONCE:  # the rows' channels loaded once, not per tile
-            a, al = _tokens(x_ptr, lo_ptr, base + rows, rmask, C, PRECISION,
-                            True, False)
+        a, al = _row_block(x_ptr, lo_ptr, base + rows, rmask, C, PRECISION,
+                           True, ROWS_ONCE)
         best0 = tl.full((BLOCK, ), float('inf'), tl.float32)
         best1 = best0
         idx0 = tl.zeros((BLOCK, ), tl.int32)
@@ -418,16 +430,9 @@ if triton is not None:
             kmask = slot < num
             cid = tl.load(centers_ptr + g * center_stride + slot, mask=kmask,
                           other=0)
-            if ROWS_ONCE:
-                b, bl = _tokens(x_ptr, lo_ptr, base + cid, kmask, C,
-                                PRECISION, True, True)
-                acc = _dot(a, al, b, bl, PRECISION)
-            else:
-                acc = _products(x_ptr, lo_ptr, base + rows, rmask, base + cid,
-                                kmask, C, BLOCK_C, PRECISION, True)
-            sq_c = tl.load(sq_ptr + base + cid, mask=kmask,
-                           other=float('inf'))
-            d = _distances(sq_r, sq_c, acc)
+            d = _tile_distances(x_ptr, lo_ptr, sq_ptr, a, al, sq_r,
+                                base + rows, rmask, base + cid, kmask, C,
+                                BLOCK_C, PRECISION, True, ROWS_ONCE)
             d = tl.where(d <= tie[:, None], 0.0, d)
             d = tl.where(cid[None, :] == rows[:, None], float('-inf'), d)
             if HAS_SLOTS:
@@ -576,15 +581,17 @@ def _denser_pass(hi, lo, sq, tie, order, rho, rowmax, precision: str,
 
 
 def _assign(hi, lo, sq, tie, centers, counts: Sequence[int],
-            slots: Optional[torch.Tensor], precision: str) -> torch.Tensor:
-    """Step 5: (S, G, n) nearest center ids of every scale."""
+            slots: Optional[torch.Tensor], precision: str,
+            config: Optional[KernelConfig] = None) -> torch.Tensor:
+    """Step 5: (S, G, n) nearest center ids of every scale (``config``:
+    as :func:`_knn_pass`'s)."""
     g, n, c = hi.shape
     if len(counts) > 2:
         raise ValueError(f'the fused DPC-kNN assigns at most 2 scales, got '
                          f'{len(counts)}')
     num = centers.shape[1]
     ids = torch.empty(len(counts), g, n, dtype=torch.long, device=hi.device)
-    config = kernel_config(hi.device, c, precision)
+    config = config or kernel_config(hi.device, c, precision)
     _assign_kernel[(g, triton.cdiv(n, BLOCK))](
         hi, hi if lo is None else lo, sq, tie, centers,
         sq if slots is None else slots.contiguous().view(torch.uint8), ids,
@@ -602,20 +609,22 @@ def _triton_passes(x: torch.Tensor, counts: Sequence[int], k: int,
     """The fused implementation (module docstring; ``probe``: as
     :func:`~.reference.dpc_knn_reference`'s)."""
     x = x.contiguous()
+    config = kernel_config(x.device, x.shape[2], precision)  # all 3 kernels
     hi, lo, sq, tie = _prep(x, windows.invalid, precision)
     knn_d, rho_raw, rowmax, first = _knn_pass(
-        hi, lo, sq, tie, windows.knn_scale, min(k, x.shape[1]), precision)
+        hi, lo, sq, tie, windows.knn_scale, min(k, x.shape[1]), precision,
+        config)
     rho = rho_raw.gather(1, first)  # identical tokens: the first's density
     order = torch.sort(rho, dim=1, descending=True, stable=True).indices
     delta2, score = _denser_pass(hi, lo, sq, tie, order, rho, rowmax,
-                                 precision)
+                                 precision, config)
     centers = torch.sort(score, dim=1, descending=True,
                          stable=True).indices[:, :max(counts)]  # a view
     if probe is not None:
         record(probe, knn=knn_d, first=first, rho=rho, delta2=delta2,
                dmax2=rowmax.amax(-1), centers=centers)
     return _assign(hi, lo, sq, tie, centers, counts, windows.center_slots,
-                   precision)
+                   precision, config)
 
 
 def probed(x: torch.Tensor, counts: Sequence[int], k: int,
