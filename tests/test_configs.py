@@ -296,32 +296,6 @@ def test_imagenet_evaluation_is_the_releases(tmp_path):
         assert pipeline == cfg.test_dataloader.dataset.pipeline, other
 
 
-@pytest.mark.parametrize('path', [
-    'configs/paca/upernet_paca-t_8xb2-160k_ade20k-512x512.py',
-    'configs/paca/mask-rcnn_paca-t-teacher_fpn_ms-1x_coco.py',
-])
-def test_parameter_groups_are_the_releases(path):
-    """The release's optimiser groups: no weight decay on any parameter whose
-    official name has 'norm' (our norms are named alike, except the teacher's
-    BatchNorms, numbered in the official code), one learning rate."""
-    from mmengine.optim import build_optim_wrapper
-    cfg = load_config(path)
-    model = build_model(cfg)
-    with DefaultScope.overwrite_default_scope(cfg.default_scope):
-        wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
-    groups = {id(p): group for group in wrapper.optimizer.param_groups
-              for p in group['params']}
-    optimizer = cfg.optim_wrapper.optimizer
-    norms = 0
-    for name, param in model.named_parameters():
-        official_norm = 'norm' in name and '.teacher.' not in name
-        norms += official_norm
-        expected = 0.0 if official_norm else optimizer.weight_decay
-        assert groups[id(param)]['weight_decay'] == expected, name
-        assert groups[id(param)]['lr'] == optimizer.lr, name
-    assert norms > 50
-
-
 def test_mask_rcnn_augmentation_is_the_releases():
     """Flip, then either a multi-scale resize (short side 480-800) or the
     DETR-style resize -> absolute-range crop 384x600 -> multi-scale resize;
