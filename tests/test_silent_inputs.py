@@ -440,6 +440,184 @@ def test_ade20k_label_beyond_the_classes_is_named(tmp_path):
         check_data(cfg, ['train_dataloader'])
 
 
+# --- pose data: checked like detection data (issue 39, item 2) ----------------
+POSE = 'configs/clustr/td-hm_clustr-t_embedded-coco-wholebody.py'
+WHOLE_BODY = (('keypoints', 17), ('foot_kpts', 6), ('face_kpts', 68),
+              ('lefthand_kpts', 21), ('righthand_kpts', 21))
+
+
+def _person(box=(1.0, 1.0, 5.0, 6.0), visible=2, arrays=WHOLE_BODY):
+    person = dict(id=7, image_id=1, category_id=1, iscrowd=0,
+                  bbox=list(box), num_keypoints=17 if visible else 0)
+    for field, count in arrays:
+        person[field] = [3.0, 3.0, visible] * count
+    return person
+
+
+def _pose_cfg(tmp_path, person, **model):
+    _jpeg(tmp_path / 'train2017' / '1.jpg')
+    ann = tmp_path / 'wholebody.json'
+    ann.write_text(json.dumps(dict(
+        images=[dict(id=1, file_name='1.jpg', width=8, height=8)],
+        annotations=[person], categories=[dict(id=1, name='person')])))
+    cfg = load_config(POSE)
+    cfg.train_dataloader.dataset.update(
+        data_root=str(tmp_path) + '/', ann_file=ann.name)
+    cfg.model.head.update(model)
+    return cfg
+
+
+@pytest.mark.parametrize('person, message', [
+    (_person(box=(1.0, 1.0, float('nan'), 6.0)),
+     r'annotation id 7: bbox \[1.0, 1.0, nan, 6.0\] is not finite; mmpose '
+     r'would train this person with every target weight 0'),
+    (_person(box=(1.0, 1.0, -4.0, 6.0)), r'annotation id 7: bbox .* has width x height -4.0 x 6.0'),
+    (_person(box=(1.0, 1.0, 0.0, 0.0)), r'annotation id 7: bbox .* has width x height 0.0 x 0.0'),
+    (_person(visible=0), r'none of its 1 people is one mmpose trains on: 0 '
+     r'are crowd \(iscrowd 1\), 1 have no visible keypoint .* nothing to '
+     r'train on'),
+    (dict(_person(), iscrowd=1), r'none of its 1 people .*: 1 are crowd'),
+    (_person(arrays=WHOLE_BODY[:1]), r"annotation id 7 has no 'foot_kpts': "
+     r'a CocoWholeBodyDataset person has keypoints, foot_kpts, face_kpts, '
+     r'lefthand_kpts, righthand_kpts \(133 keypoints\); a file with 17 '
+     r'keypoints per person belongs to another dataset type'),
+    (dict(_person(), face_kpts=[0.0] * 9), r'annotation id 7: face_kpts has 9 values, a '
+     r'CocoWholeBodyDataset file 204'),
+])
+def test_pose_annotations_are_checked(tmp_path, person, message):
+    cfg = _pose_cfg(tmp_path, person)
+    with pytest.raises(DataCheckError, match='wholebody.json: ' + message):
+        check_data(cfg, ['train_dataloader'])
+
+
+def test_pose_file_that_fits_passes(tmp_path):
+    check_data(_pose_cfg(tmp_path, _person()), ['train_dataloader'])
+
+
+@pytest.mark.parametrize('head, message', [
+    (dict(out_channels=17), r'model.head.out_channels=17, but '
+     r'CocoWholeBodyDataset has 133 keypoints'),
+    (dict(decoder=dict(type='MSRAHeatmap', input_size=(48, 64),
+                       heatmap_size=(24, 32), sigma=1)),
+     r'codec: heatmap_size \(24, 32\) is not input_size \(48, 64\) / 4 = '
+     r'\(12, 16\), the size of the maps the model predicts \(backbone '
+     r'stride 4, 0 2x deconvolutions in the head\)'),
+    (dict(decoder=dict(type='MSRAHeatmap', input_size=(48, 64),
+                       heatmap_size=(12, 16), sigma=1),
+          deconv_out_channels=(8,), deconv_kernel_sizes=(4,)),
+     r'heatmap_size \(12, 16\) is not input_size \(48, 64\) / 2 = '
+     r'\(24, 32\)'),
+])
+def test_pose_head_must_fit_the_data_and_the_codec(tmp_path, head, message):
+    cfg = _pose_cfg(tmp_path, _person(), **head)
+    with pytest.raises(DataCheckError, match=message):
+        check_data(cfg, ['train_dataloader'])
+
+
+def test_every_shipped_pose_config_passes_the_model_check():
+    from clustr_mm.engine.data_checks import check_pose_model
+    from conftest import MODEL_CONFIGS
+    pose = [p for p in MODEL_CONFIGS if load_config(p).default_scope ==
+            'mmpose']
+    assert len(pose) >= 8
+    for path in pose:
+        cfg = load_config(path)
+        check_pose_model(cfg, cfg.train_dataloader.dataset)
+
+
+# --- a run that cannot learn stops (issue 39, item 1) -------------------------
+def _runner(dataset_len=4, max_iters=100):
+    return SimpleNamespace(
+        max_iters=max_iters,
+        train_dataloader=SimpleNamespace(dataset=[0] * dataset_len),
+        cfg=Config(dict(train_dataloader=dict(dataset=dict(
+            type='RepeatDataset', dataset=dict(
+                type='CocoWholeBodyDataset', data_root='data/coco/',
+                ann_file='annotations/x.json'))))))
+
+
+def test_a_loss_of_exactly_zero_from_the_start_stops_the_run():
+    from clustr_mm.engine.fail_fast_hook import (CannotLearnError,
+                                                 FailFastHook)
+    zero = {'loss_kpt': torch.tensor(0.0), 'acc_pose': torch.tensor(0.0)}
+    hook, runner = FailFastHook(zero_loss_iters=3), _runner()
+    hook.after_train_iter(runner, 0, outputs=zero)
+    hook.after_train_iter(runner, 1, outputs=zero)
+    with pytest.raises(CannotLearnError, match=re.escape(
+            'the loss was exactly 0 in each of the first 3 iterations (3 '
+            'iterations): nothing is learned and nothing was saved. Every '
+            'target weighs 0; check the training annotations '
+            'data/coco/annotations/x.json (CocoWholeBodyDataset)')):
+        hook.after_train_iter(runner, 2, outputs=zero)
+    # a run shorter than the window, and the end of a short first epoch
+    hook, runner = FailFastHook(), _runner(max_iters=2)
+    hook.after_train_iter(runner, 0, outputs=zero)
+    with pytest.raises(CannotLearnError, match='first 2 iterations'):
+        hook.after_train_iter(runner, 1, outputs=zero)
+    hook, runner = FailFastHook(), _runner()
+    hook.after_train_iter(runner, 0, outputs=zero)
+    with pytest.raises(CannotLearnError, match='every iteration of the first '
+                       'epoch'):
+        hook.after_train_epoch(runner)
+    # one non-zero loss and the check is done; 0 turns it off
+    hook = FailFastHook(zero_loss_iters=2)
+    hook.after_train_iter(runner, 0, outputs={
+        'loss_kpt': torch.tensor(0.5)})
+    for i in range(5):
+        hook.after_train_iter(runner, i + 1, outputs=zero)
+    hook.after_train_epoch(runner)
+    hook = FailFastHook(zero_loss_iters=0)
+    for i in range(5):
+        hook.after_train_iter(runner, i, outputs=zero)
+    for bad in (-1, 2.5, True, '10'):
+        with pytest.raises(ValueError, match='zero_loss_iters must be an int'):
+            FailFastHook(zero_loss_iters=bad)
+
+
+def test_an_empty_training_set_stops_the_run():
+    from clustr_mm.engine.fail_fast_hook import (CannotLearnError,
+                                                 FailFastHook)
+    FailFastHook().before_train(_runner(dataset_len=3))
+    with pytest.raises(CannotLearnError, match=re.escape(
+            'the training set is empty: data/coco/annotations/x.json '
+            '(CocoWholeBodyDataset) keeps 0 entries after its filters')):
+        FailFastHook().before_train(_runner(dataset_len=0))
+
+
+@pytest.mark.slow
+def test_pose_runs_that_cannot_learn_stop(tiny_data, tmp_path):
+    """The issue's run (every box width NaN: it trained with loss 0, saved
+    and exited 0) and a file of crowd people only (mmpose filtered every one,
+    then failed with 'need at least one array to concatenate') are refused
+    before training; a loss weighted 0 stops within the first iterations.
+    Nothing is saved."""
+    source = json.loads((tiny_data / 'coco/annotations/'
+                         'coco_wholebody_train_v1.0.json').read_text())
+
+    def train(name, annotations, *options):
+        ann = tmp_path / f'{name}.json'
+        ann.write_text(json.dumps(dict(source, annotations=annotations)))
+        work = tmp_path / name
+        out = run_tool(['tools/train.py', POSE, '--work-dir', str(work),
+                        '--cfg-options', f'train_dataloader.dataset.'
+                        f'ann_file={ann}', *options], check=False)
+        assert out.returncode != 0, out.stdout[-3000:]
+        assert not list(work.glob('*.pth')), 'a checkpoint was saved'
+        return out.stdout
+
+    nan = [dict(a, bbox=[a['bbox'][0], a['bbox'][1], float('nan'),
+                         a['bbox'][3]]) for a in source['annotations']]
+    assert re.search(r'nan\.json: annotation id \d+: bbox .* is not finite',
+                     train('nan', nan))
+    crowd = [dict(a, iscrowd=1) for a in source['annotations']]
+    assert re.search(r'crowd\.json: none of its \d+ people is one mmpose '
+                     r'trains on: \d+ are crowd', train('crowd', crowd))
+    out = train('weightless', source['annotations'],
+                'model.head.loss.loss_weight=0.0')
+    assert re.search(r'the loss was exactly 0 in (each of the first \d+|'
+                     r'every) iteration', out), out[-3000:]
+
+
 # --- mixed precision: mmcv's fp32-only CPU ops -------------------------------------
 def test_cpu_amp_lets_mmcv_nms_and_roi_align_take_bf16():
     ops = pytest.importorskip('mmcv.ops')

@@ -17,7 +17,7 @@ from clustr_mm.engine.amp import use_amp  # noqa: E402
 from clustr_mm.engine.data_checks import DataCheckError, check_data  # noqa: E402
 from clustr_mm.engine.atomic_io import sweep_stale_temporaries  # noqa: E402
 from clustr_mm.engine.fail_fast_hook import (  # noqa: E402
-    DivergedError, training_position)
+    CannotLearnError, DivergedError, training_position)
 from clustr_mm.engine.launch import (  # noqa: E402
     add_common_args, add_run_hooks, build_runner, check_train_length,
     finish_distributed, load_config)
@@ -90,7 +90,7 @@ def main(argv=None):
                   flush=True)
     try:
         runner.train()
-    except DivergedError as err:
+    except (DivergedError, CannotLearnError) as err:
         sys.exit(f'[train] {args.config}: {err}')
     except Exception:
         where = training_position(runner)

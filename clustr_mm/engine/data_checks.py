@@ -11,6 +11,7 @@ first :data:`MAX_LABEL_MAPS` segmentation label maps (a full ADE20K
 training set has 20,210: reading them all would take minutes).
 """
 import json
+import math
 import os
 import os.path as osp
 from typing import Iterable, List, Optional, Tuple
@@ -119,18 +120,19 @@ def check_image_list(path: str, image_dir: str,
 
 
 def check_coco_file(path: str, image_dir: str, needs_annotations: bool
-                    ) -> None:
+                    ) -> Optional[dict]:
     """A COCO-style JSON: images listed and present, annotations present
-    (when the split is trained or evaluated against them)."""
+    (when the split is trained or evaluated against them). Returns the
+    parsed file (None where it was not read)."""
     if os.path.getsize(path) > MAX_JSON_BYTES:
-        return  # the library parses it anyway; too slow to read twice
+        return None  # the library parses it anyway; too slow to read twice
     with open(path) as f:
         try:
             data = json.load(f)
         except ValueError as err:
             raise DataCheckError(f'{path} is not valid JSON: {err}') from None
     if not isinstance(data, dict) or 'images' not in data:
-        return  # not COCO-style (e.g. a detection-results file)
+        return None  # not COCO-style (e.g. a detection-results file)
     images = data.get('images') or []
     if not images:
         raise DataCheckError(f'{path} lists no images ("images" is empty)')
@@ -140,6 +142,136 @@ def check_coco_file(path: str, image_dir: str, needs_annotations: bool
             'annotations): nothing to train or evaluate against')
     _report_images(path, [_join(image_dir, im.get('file_name', ''))
                           for im in images])
+    return data
+
+
+# The keypoint arrays of a person in the pose datasets we ship (mmpose's
+# order), as (field, keypoints).
+POSE_KEYPOINTS = {
+    'CocoWholeBodyDataset': (('keypoints', 17), ('foot_kpts', 6),
+                             ('face_kpts', 68), ('lefthand_kpts', 21),
+                             ('righthand_kpts', 21)),
+    'CocoDataset': (('keypoints', 17), ),
+}
+
+
+def _finite(values) -> bool:
+    return all(isinstance(v, (int, float)) and math.isfinite(v)
+               for v in values)
+
+
+def check_pose_file(path: str, data: dict, dataset_type: str) -> None:
+    """A top-down keypoint file: each person's box finite with a positive
+    size, each keypoint array of the dataset type there with the right
+    length and finite values, and at least one person that mmpose keeps
+    (not crowd, a visible keypoint). mmpose itself turns a NaN box into
+    target weights of 0 and trains on a loss of exactly 0, and reads a
+    COCO body file as whole-body until an index error in the flip."""
+    arrays = POSE_KEYPOINTS.get(dataset_type, ())
+    people = data.get('annotations') or []
+    kept = crowd = 0
+    for ann in people:
+        if ann.get('iscrowd'):
+            crowd += 1
+            continue
+        where = f'{path}: annotation id {ann.get("id")}'
+        box = ann.get('bbox')
+        if not isinstance(box, list) or len(box) != 4:
+            raise DataCheckError(f'{where}: bbox {box!r} is not [x, y, w, h]')
+        if not _finite(box):
+            raise DataCheckError(
+                f'{where}: bbox {box} is not finite; mmpose would train this '
+                'person with every target weight 0 (a loss of exactly 0)')
+        if box[2] <= 0 or box[3] <= 0:
+            raise DataCheckError(
+                f'{where}: bbox {box} has width x height {box[2]} x {box[3]}; '
+                'a person box needs a positive size')
+        visible = 0
+        for field, count in arrays:
+            if field not in ann:
+                names = ', '.join(f for f, _ in arrays)
+                found = sum(len(ann.get(f) or []) // 3 for f, _ in arrays)
+                raise DataCheckError(
+                    f'{where} has no {field!r}: a {dataset_type} person has '
+                    f'{names} ({sum(c for _, c in arrays)} keypoints); a '
+                    f'file with {found} keypoints per person belongs to '
+                    'another dataset type')
+            values = ann[field]
+            if not isinstance(values, list) or len(values) != 3 * count:
+                raise DataCheckError(
+                    f'{where}: {field} has {len(values or [])} values, a '
+                    f'{dataset_type} file {3 * count} ({count} keypoints x '
+                    '(x, y, visibility))')
+            if not _finite(values):
+                raise DataCheckError(f'{where}: {field} has non-finite '
+                                     'values')
+            visible += sum(v > 0 for v in values[2::3])
+        kept += bool(visible and ann.get('num_keypoints', visible))
+    if people and not kept:
+        fields = ', '.join(f for f, _ in arrays) or 'keypoints'
+        raise DataCheckError(
+            f'{path}: none of its {len(people)} people is one mmpose trains '
+            f'on: {crowd} are crowd (iscrowd 1), {len(people) - crowd} have '
+            f'no visible keypoint (visibility 0 or num_keypoints 0 in '
+            f'{fields}); mmpose drops them all and there is nothing to train '
+            'on')
+
+
+def _strip_scope(name) -> str:
+    return str(name or '').rpartition('.')[2]
+
+
+def _model_stride(model) -> Optional[int]:
+    """The stride of the maps a pose head gets from our backbones (and
+    necks), or None for modules this check does not know."""
+    from ..models import backbones, necks
+    backbone = _get(model, 'backbone') or {}
+    cls = getattr(backbones, _strip_scope(_get(backbone, 'type')), None)
+    if cls is None:
+        return None
+    indices = _get(backbone, 'out_indices', (0, 1, 2, 3))
+    indices = [indices] if isinstance(indices, int) else list(indices)
+    neck = _get(model, 'neck')
+    if neck:
+        neck_cls = getattr(necks, _strip_scope(_get(neck, 'type')), None)
+        if neck_cls is None:
+            return None
+        return cls.strides[indices[neck_cls.output_level]]
+    return cls.strides[indices[-1]]  # mmpose's heads read the last map
+
+
+def check_pose_model(cfg, dataset) -> None:
+    """The head predicts the dataset's keypoints, and the codec's heatmap is
+    the size the model produces: input size / (backbone stride / 2 per
+    deconvolution of the head)."""
+    model = cfg.get('model') or {}
+    head = _get(model, 'head') or {}
+    dataset_type = _strip_scope(_get(dataset, 'type'))
+    arrays = POSE_KEYPOINTS.get(dataset_type)
+    out = _get(head, 'out_channels')
+    if arrays and isinstance(out, int):
+        count = sum(c for _, c in arrays)
+        if out != count:
+            raise DataCheckError(
+                f'model.head.out_channels={out}, but {dataset_type} has '
+                f'{count} keypoints: the head must predict one heatmap per '
+                'keypoint')
+    codec = _get(head, 'decoder') or {}
+    size, heatmap = _get(codec, 'input_size'), _get(codec, 'heatmap_size')
+    stride = _model_stride(model)
+    if not size or not heatmap or stride is None:
+        return
+    deconvs = len(_get(head, 'deconv_out_channels') or ())
+    if stride % (2 ** deconvs) == 0:
+        stride //= 2 ** deconvs
+    expected = tuple(s // stride for s in size)
+    if tuple(heatmap) != expected or any(s % stride for s in size):
+        raise DataCheckError(
+            f'codec: heatmap_size {tuple(heatmap)} is not input_size '
+            f'{tuple(size)} / {stride} = {expected}, the size of the maps '
+            f'the model predicts (backbone stride {stride * 2 ** deconvs}, '
+            f'{deconvs} 2x deconvolutions in the head); set heatmap_size to '
+            f'{expected} or input_size to a multiple of {stride}')
 
 
 def check_label_maps(label_dir: str, num_classes: Optional[int],
@@ -211,8 +343,14 @@ def check_dataset(cfg, dataset, split: str) -> None:
             check_image_list(path, _join(root, _prefix(dataset, 'img_path')),
                              _num_classes(cfg, scope))
         elif path.endswith('.json'):
-            check_coco_file(path, _join(root, _prefix(dataset, 'img')),
-                            needs_annotations=not _get(dataset, 'test_mode'))
+            data = check_coco_file(
+                path, _join(root, _prefix(dataset, 'img')),
+                needs_annotations=not _get(dataset, 'test_mode'))
+            if scope == 'mmpose' and data is not None:
+                check_pose_file(path, data,
+                                _strip_scope(_get(dataset, 'type')))
+    if scope == 'mmpose':
+        check_pose_model(cfg, dataset)
     if scope == 'mmseg' and _prefix(dataset, 'seg_map_path'):
         check_label_maps(_join(root, _prefix(dataset, 'seg_map_path')),
                          _num_classes(cfg, scope),

@@ -20,6 +20,20 @@ class DivergedError(FloatingPointError):
     """Training produced a non-finite loss or non-finite weights."""
 
 
+class CannotLearnError(RuntimeError):
+    """The run has nothing to learn from: an empty training set, or a loss
+    of exactly 0 from the start (every target weighted 0)."""
+
+
+def _train_data(runner) -> str:
+    """'ann_file (Type)' of the training set, through dataset wrappers."""
+    dataset = (runner.cfg.get('train_dataloader') or {}).get('dataset') or {}
+    while 'dataset' in dataset:
+        dataset = dataset['dataset']
+    ann = dataset.get('ann_file') or dataset.get('split') or '(no ann_file)'
+    return f'{dataset.get("data_root") or ""}{ann} ({dataset.get("type")})'
+
+
 def training_position(runner) -> str:
     """'iteration N (epoch E)' of the running training iteration, 1-based as
     MMEngine logs them; '' before the first one."""
@@ -41,9 +55,44 @@ class FailFastHook(Hook):
     ``VERY_LOW``), so the iteration whose loss is NaN/Inf is not saved. The
     loss is read after MMEngine's ``RuntimeInfoHook`` has copied it to the
     host for logging, so the check adds no device synchronisation.
+
+    A run that cannot learn stops too, before anything is saved: an empty
+    training set (every entry filtered out), and a loss of exactly 0 in each
+    of the first ``zero_loss_iters`` iterations (or in all of a shorter run,
+    or of the first epoch): no real target gives that, while targets that
+    all weigh 0 do (mmpose turns a NaN person box into target weights of 0).
+    ``zero_loss_iters=0`` turns that check off.
     """
 
     priority = 'ABOVE_NORMAL'
+
+    def __init__(self, zero_loss_iters: int = 10) -> None:
+        if (isinstance(zero_loss_iters, bool)
+                or not isinstance(zero_loss_iters, int)
+                or zero_loss_iters < 0):
+            raise ValueError(
+                'FailFastHook: zero_loss_iters must be an int >= 0 (0: no '
+                f'check), got {zero_loss_iters!r}')
+        self.zero_loss_iters = zero_loss_iters
+        self._zero_iters = 0  # iterations so far, all with a loss of 0
+        self._learning = zero_loss_iters == 0
+
+    def before_train(self, runner) -> None:
+        dataset = runner.train_dataloader.dataset
+        if len(dataset) == 0:
+            raise CannotLearnError(
+                f'the training set is empty: {_train_data(runner)} keeps 0 '
+                'entries after its filters (filter_cfg='
+                f'{getattr(dataset, "filter_cfg", None)}); nothing to train '
+                'on')
+
+    def _zero_loss(self, runner, seen: str) -> CannotLearnError:
+        return CannotLearnError(
+            f'the loss was exactly 0 in {seen} ({self._zero_iters} '
+            'iterations): nothing is learned and nothing was saved. Every '
+            'target weighs 0; check the training annotations '
+            f'{_train_data(runner)} (e.g. person boxes that are NaN, or '
+            'no visible keypoint)')
 
     def before_run(self, runner) -> None:
         valid = [name for name in inspect.signature(
@@ -71,6 +120,15 @@ class FailFastHook(Hook):
                   if 'loss' in key and isinstance(value, torch.Tensor)
                   and value.numel() == 1}
         bad = {k: v for k, v in losses.items() if not math.isfinite(v)}
+        if not self._learning and losses and not bad:
+            if any(losses.values()):
+                self._learning = True
+            else:
+                self._zero_iters += 1
+                limit = min(self.zero_loss_iters, runner.max_iters)
+                if self._zero_iters >= limit:
+                    raise self._zero_loss(
+                        runner, f'each of the first {limit} iterations')
         if bad:
             shown = ', '.join(f'{k}={v}' for k, v in bad.items())
             raise DivergedError(
@@ -79,6 +137,10 @@ class FailFastHook(Hook):
                 '(optim_wrapper.optimizer.lr) or clip gradients '
                 '(optim_wrapper.clip_grad=dict(max_norm=...)) and resume '
                 'from the last checkpoint')
+
+    def after_train_epoch(self, runner) -> None:
+        if not self._learning and self._zero_iters:
+            raise self._zero_loss(runner, 'every iteration of the first epoch')
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         model = runner.model.module if is_model_wrapper(

@@ -178,6 +178,9 @@ class PyramidBackbone(BaseModule):
     """
 
     arch_zoo: Dict[str, dict] = {}
+    # each stage's output stride (the pose config check reads it to know
+    # which heatmap size a head on these maps produces)
+    strides: Tuple[int, ...] = (4, 8, 16, 32)
     norm_eval_types: Tuple[Type[nn.Module], ...] = (_BatchNorm, )
     init_pointwise_as_conv: bool = True
     depths: List[int]

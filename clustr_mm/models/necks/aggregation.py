@@ -65,6 +65,9 @@ class MultiStageAggregation(BaseModule):
     256x192 (3.01 G with the head; one multiply-add = one FLOP, the count
     of ``tools/analysis/get_flops.py``), 2.1 G of it in the stride-4 block.
 
+    ``output_level`` = 0: its one map has the stride of its finest input
+    (the pose config check reads it).
+
     Args:
         in_channels (Sequence[int]): Channels of the input maps, finest
             (stride 4) first; at least two levels, each map half the size of
@@ -79,6 +82,8 @@ class MultiStageAggregation(BaseModule):
             Default: Xavier-uniform convolutions (as TCFormer's neck),
             truncated-normal (std 0.02) linear layers.
     """
+
+    output_level = 0
 
     def __init__(self,
                  in_channels: Sequence[int],
