@@ -254,6 +254,43 @@ def test_a_deeper_models_checkpoint_is_refused():
     assert not messages
 
 
+def test_a_model_level_pretrained_init_that_fills_little_is_refused(
+        tmp_path):
+    """Issue 39, item 8: MMEngine loads a Pretrained init_cfg of the model
+    (or of a neck / head) with strict=False and trains from what it left
+    random; the coverage hook refuses it after the init, before iteration 1:
+    another model's file, a file whose weights sit under an unexpected
+    top-level key."""
+    from clustr_mm.models.backbones.paca import PaCaViT
+    model = _classifier((1, 1, 1, 1))
+    other = tmp_path / 'other.pth'
+    torch.save({'state_dict': {f'backbone.{k}': v for k, v in PaCaViT(
+        dict(ARCH, num_heads=(1, 1, 2, 4))).state_dict().items()}}, other)
+    wrapped = tmp_path / 'wrapped.pth'
+    torch.save({'weights': model.state_dict()}, wrapped)
+    own = tmp_path / 'own.pth'
+    torch.save({'state_dict': model.state_dict()}, own)
+
+    def check(path, **cfg):
+        model.init_cfg = dict(type='Pretrained', checkpoint=str(path))
+        runner, messages = _fake_runner(model, **cfg)
+        CheckpointCoverageHook().before_train(runner)
+        return messages
+
+    with pytest.raises(PartialLoadError, match=re.escape(
+            f'model.init_cfg Pretrained {other} leaves ')
+            + r'.*To fine-tune one part of the model, give that part the '
+            r'entry .*--allow-partial-load'):
+        check(other)
+    with pytest.raises(PartialLoadError, match=r"Its tensors sit under the "
+                       r"top-level key\(s\) \['weights'\], which MMEngine "
+                       r'does not look into'):
+        check(wrapped)
+    assert not check(own)
+    assert 'Training from it anyway' in check(other, allow_partial_load=True)[0]
+    assert not check(other, load_from=str(own))  # load_from replaces it
+
+
 def test_backbone_pretrained_load_counts_both_directions():
     small = build('ClusTR')
     deeper = build('ClusTR', dict(ARCH, depths=(1, 2, 3, 1)))
@@ -768,10 +805,11 @@ def test_a_task_library_that_does_not_import_is_named(monkeypatch):
 # --- the tools themselves, in one batch -----------------------------------------
 @pytest.mark.slow
 def test_tools_refuse_what_used_to_pass_silently(tiny_data, tmp_path):
-    """One short training run and four refusals (about a minute): a changed
+    """One short training run and five refusals (about a minute): a changed
     learning rate on --resume is named; a deeper model's classifier into
     tools/test.py is refused; max_epochs=0 is refused; dist_train.sh without
-    a process count is refused."""
+    a process count is refused; so is a model-level Pretrained init with that
+    deeper model's weights."""
     base = ['--work-dir', str(tmp_path), '--cfg-options',
             'train_cfg.val_interval=100', 'default_hooks.checkpoint.interval=1']
     run_tool(['tools/train.py', CONFIG, *base, 'train_cfg.max_epochs=1'])
@@ -803,6 +841,15 @@ def test_tools_refuse_what_used_to_pass_silently(tiny_data, tmp_path):
     out = run_tool(['bash', 'tools/dist_train.sh', CONFIG], check=False,
                    python=False)
     assert out.returncode == 2 and 'NPROC' in out.stdout
+    # a model-level Pretrained init with another model's weights (item 8)
+    init = tmp_path / 'pretrained_init.py'
+    init.write_text(f"_base_ = '{ROOT / CONFIG}'\nmodel = dict(init_cfg=dict("
+                    f"_delete_=True, type='Pretrained', checkpoint='{ckpt}'))\n")
+    out = run_tool(['tools/train.py', str(init), '--work-dir',
+                    str(tmp_path / 'init')], check=False)
+    assert out.returncode != 0, out.stdout[-3000:]
+    assert f'model.init_cfg Pretrained {ckpt} leaves' in out.stdout
+    assert not list((tmp_path / 'init').glob('*.pth'))
 
 
 def test_tools_name_the_real_problem(tmp_path, monkeypatch, capsys):

@@ -7,12 +7,17 @@ weights are copied, that every tensor of the model (parameters and buffers,
 BatchNorm's ``num_batches_tracked`` aside) gets one of the same shape and
 that every tensor of the checkpoint is used (the weights of a deeper model
 of the same family fill every tensor of a shallower one), and otherwise
-stops with the counts, a few names each way and how to allow it. Fine-tuning from an
-ImageNet backbone goes through the backbone's ``init_cfg``, not this path,
-and is unaffected.
+stops with the counts, a few names each way and how to allow it. The same
+check holds a ``Pretrained`` ``init_cfg`` of any module but our backbones
+(the model's own, a neck's, a head's: MMEngine loads those with
+``strict=False`` too); our backbones check their own ``Pretrained`` entry
+(:func:`~clustr_mm.models.backbones.pretrained.init_backbone_weights`), so
+fine-tuning from an ImageNet backbone is unaffected.
 """
 import re
 from typing import Dict, List, Mapping
+
+import torch
 
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
@@ -58,6 +63,9 @@ def load_coverage(model: nn.Module, checkpoint: Mapping) -> Dict[str, List]:
                             not k.endswith('num_batches_tracked')]
     report['unloaded_elements'] = unloaded
     report['official_layout'] = paca_official_layout(state)
+    # top-level keys that wrap weights MMEngine does not look into
+    report['wrappers'] = [k for k, v in state.items() if isinstance(
+        v, Mapping) and any(isinstance(t, torch.Tensor) for t in v.values())]
     report['total_elements'] = sum(v.numel() for v in own.values())
     return report
 
@@ -94,6 +102,11 @@ def describe_coverage(report: Dict[str, List], model: nn.Module,
     if report.get('official_layout') is not None:
         text += (' The checkpoint is an official PaCa-ViT file that was not '
                  'converted.' + skip_note('checkpoint_loaders'))
+    elif not loaded and report.get('wrappers'):
+        text += (' Its tensors sit under the top-level key(s) '
+                 f'{report["wrappers"]}, which MMEngine does not look into '
+                 "(it reads 'state_dict' or the top level): save the weights "
+                 "as {'state_dict': weights}.")
     elif not loaded:
         text += (' None of its keys fit this model (another model?); '
                  f'expected keys like{_examples(missing)}, or an official '
@@ -101,6 +114,26 @@ def describe_coverage(report: Dict[str, List], model: nn.Module,
                  f'{" and ".join(SIGNATURE)} at the top level (timm) or '
                  'under backbone. (mmdet / mmseg).')
     return text
+
+
+def _pretrained_entries(module: nn.Module) -> List[Mapping]:
+    """The ``Pretrained`` entries of a module's ``init_cfg``."""
+    cfg = getattr(module, 'init_cfg', None)
+    entries = cfg if isinstance(cfg, (list, tuple)) else [cfg]
+    return [e for e in entries if isinstance(e, Mapping)
+            and e.get('type') == 'Pretrained']
+
+
+def pretrained_state(entry: Mapping) -> Mapping:
+    """The weights a ``Pretrained`` entry gives its module, read as MMEngine's
+    ``PretrainedInit`` reads them (with a prefix: the keys under it)."""
+    from mmengine.runner.checkpoint import (_load_checkpoint,
+                                            _load_checkpoint_with_prefix)
+    prefix = entry.get('prefix')
+    if prefix:
+        return _load_checkpoint_with_prefix(prefix, entry['checkpoint'],
+                                            map_location='cpu')
+    return _load_checkpoint(entry['checkpoint'], map_location='cpu')
 
 
 @HOOKS.register_module(force=True)
@@ -126,12 +159,45 @@ class CheckpointCoverageHook(Hook):
         if runner.cfg.get(OPTION, False):
             runner.logger.warning(f'{text} Loading it anyway ({OPTION}).')
             return
-        raise PartialLoadError(
-            f'{text} Unloaded tensors would run with random weights; unused '
-            'checkpoint tensors mean the file is of another model. If that '
-            'is intended (e.g. fine-tuning a detector with other classes), '
-            'pass --allow-partial-load to tools/train.py / tools/test.py or '
-            f'set {OPTION} = True in the config.')
+        raise PartialLoadError(f'{text} {_REFUSAL}')
+
+    def before_train(self, runner) -> None:
+        """A ``Pretrained`` init of a module other than our backbones, when
+        no ``load_from`` / resumed checkpoint replaced the initial weights
+        (after the runner's ``init_weights``, before iteration 1)."""
+        from ..models.backbones.base import PyramidBackbone
+        if runner.cfg.get('load_from') or getattr(runner, '_has_loaded',
+                                                   False):
+            return
+        model = runner.model.module if is_model_wrapper(
+            runner.model) else runner.model
+        for name, module in model.named_modules():
+            if isinstance(module, PyramidBackbone):
+                continue
+            for entry in _pretrained_entries(module):
+                report = load_coverage(module, pretrained_state(entry))
+                if not (report['missing'] or report['mismatched']
+                        or report['unexpected']):
+                    continue
+                where = f'model.{name}' if name else 'model'
+                text = describe_coverage(
+                    report, module, f'{where}.init_cfg Pretrained '
+                    f'{entry["checkpoint"]}')
+                if runner.cfg.get(OPTION, False):
+                    runner.logger.warning(
+                        f'{text} Training from it anyway ({OPTION}).')
+                    continue
+                raise PartialLoadError(
+                    f'{text} To fine-tune one part of the model, give that '
+                    "part the entry (e.g. model.backbone.init_cfg with "
+                    "prefix='backbone.'). " + _REFUSAL)
+
+
+_REFUSAL = (
+    'Unloaded tensors would run with random weights; unused checkpoint '
+    'tensors mean the file is of another model. If that is intended (e.g. '
+    'fine-tuning a detector with other classes), pass --allow-partial-load '
+    f'to tools/train.py / tools/test.py or set {OPTION} = True in the config.')
 
 
 def add_coverage_check(cfg, allow_partial_load: bool = False) -> None:
