@@ -16,16 +16,17 @@ numpy), so the slow tier has all three stages at 224 and window mode with
 run in the CUDA tier (``test_cuda.py``).
 """
 import json
-import os
 import time
 
 import pytest
+
+from clustr_mm.registry import switch
 
 from fused_cases import (EXACT_224, WINDOW_800, fused_agreement, interpreted,
                          needs_triton, windows)
 
 BIG = pytest.mark.skipif(
-    os.environ.get('CLUSTR_MM_INTERPRET_BIG') != '1',
+    not switch('CLUSTR_MM_INTERPRET_BIG', False),
     reason='opt in with CLUSTR_MM_INTERPRET_BIG=1: the interpreter takes '
     '~20 s per 3,136-token window on 2 cores, 48 windows here (the CUDA tier '
     'runs it)')

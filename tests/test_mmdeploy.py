@@ -6,10 +6,11 @@ export runs in mmdeploy's side environment (the ``mmdeploy`` marker:
 tools/run_tests.sh's ``mmdeploy`` stack, .venv-mmdeploy), and is skipped with
 the reason elsewhere."""
 import importlib.util
-import os
 
 import numpy as np
 import pytest
+
+from clustr_mm.registry import switch
 from conftest import load_tool, run_tool
 
 TOOL = load_tool('mmdeploy_detection', folder='deployment')
@@ -124,7 +125,7 @@ def test_paca_mask_rcnn_through_mmdeploy_equals_pytorch(tiny_data, tmp_path):
 @pytest.mark.mmdeploy
 @NEEDS_MMDEPLOY
 @pytest.mark.skipif(
-    os.environ.get('CLUSTR_MM_MMDEPLOY_CLUSTR') != '1',
+    not switch('CLUSTR_MM_MMDEPLOY_CLUSTR', False),
     reason='opt in with CLUSTR_MM_MMDEPLOY_CLUSTR=1 (a release check, '
     'beyond CI\'s time: trains ClusTR-T Mask R-CNN, then exports it)')
 def test_clustr_mask_rcnn_through_mmdeploy_with_trained_weights(

@@ -21,6 +21,14 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="${1:-$ROOT/gpu_checks/$(date -u +%Y-%m-%d)}"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 BASELINE="${CLUSTR_MM_BASELINE:-}"
+[ -z "$BASELINE" ] || [ -f "$BASELINE" ] || {
+  echo "CLUSTR_MM_BASELINE=$BASELINE is not a file (an earlier fused.py)" >&2
+  exit 2; }
+WAIT="${CLUSTR_MM_MMCV_WAIT:-0}"
+case "$WAIT" in
+  ''|*[!0-9]*) echo "CLUSTR_MM_MMCV_WAIT must be whole seconds, got '$WAIT'" >&2
+               exit 2 ;;
+esac
 cd "$ROOT"
 mkdir -p "$OUT"
 "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else
@@ -37,7 +45,6 @@ log "2. fused kernels against the reference"
   | tee "$OUT/tier-fused.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || FAILED=1
 
-WAIT="${CLUSTR_MM_MMCV_WAIT:-0}"
 until "$PY" -c 'import mmcv.ops' >/dev/null 2>&1 || [ "$WAIT" -le 0 ]; do
   sleep 10; WAIT=$((WAIT - 10))
 done

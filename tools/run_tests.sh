@@ -20,6 +20,10 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 STACKS="${CLUSTR_MM_STACKS:-default torch2.1 mmdeploy}"
 CORES="$(nproc 2>/dev/null || echo 1)"
 WORKERS="${CLUSTR_MM_TEST_WORKERS:-$(( CORES < 4 ? CORES : 4 ))}"
+case "$WORKERS" in
+  ''|*[!0-9]*) echo "[run_tests] CLUSTR_MM_TEST_WORKERS must be a whole" \
+                    "number (0 or 1: no workers), got '$WORKERS'" >&2; exit 2 ;;
+esac
 PARALLEL=()
 # one test at a time to a free worker, in tests/conftest.py's order
 [ "$WORKERS" -gt 1 ] && PARALLEL=(-n "$WORKERS" --maxschedchunk 1)
