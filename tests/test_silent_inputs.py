@@ -756,6 +756,15 @@ def test_tool_arguments_are_refused_when_read(capsys, tmp_path, monkeypatch):
                          (['--shape', '64', '64', '--batch=-1'],
                           "argument --batch: must be an int >= 1")]:
         _refused(capsys, lambda: export.parse_args([CONFIG, *args]), needle)
+    deploy = load_tool('mmdeploy_detection', 'deployment')
+    for args, needle in [(['--noise-draws', '0'], 'argument --noise-draws: '
+                          "must be an int >= 1, got '0'"),
+                         (['--box-tol', 'nan'], 'argument --box-tol: must be '
+                          'a finite number > 0'),
+                         (['--noise=-1e-5'], 'argument --noise: must be a '
+                          'finite number >= 0')]:
+        _refused(capsys, lambda: deploy.main(
+            [CONFIG, '--deploy-cfg', 'd.py', *args]), needle)
 
 
 def test_clustr_converter_names_an_official_paca_file(tmp_path, monkeypatch,

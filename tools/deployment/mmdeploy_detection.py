@@ -56,6 +56,9 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 import numpy as np  # noqa: E402
 
+from clustr_mm.engine.cli_args import (  # noqa: E402
+    non_negative_float, positive_float, positive_int)
+
 DEFAULT_IMAGES = ['data/coco/val2017/000000001001.jpg',
                   'data/coco/val2017/000000001002.jpg']
 
@@ -70,12 +73,12 @@ def parse_args(argv=None):
                    help='an mmdeploy deploy config (configs/deploy/)')
     p.add_argument('--images', nargs='+', default=DEFAULT_IMAGES)
     p.add_argument('--work-dir', default='work_dirs/mmdeploy')
-    p.add_argument('--box-tol', type=float, default=1e-3)
-    p.add_argument('--score-tol', type=float, default=1e-4)
-    p.add_argument('--noise', type=float, default=1e-5,
+    p.add_argument('--box-tol', type=positive_float, default=1e-3)
+    p.add_argument('--score-tol', type=positive_float, default=1e-4)
+    p.add_argument('--noise', type=non_negative_float, default=1e-5,
                    help='relative input noise of the sensitivity probe run '
                    'on an image whose graph check fails')
-    p.add_argument('--noise-draws', type=int, default=4,
+    p.add_argument('--noise-draws', type=positive_int, default=4,
                    help='seeded noise draws of that probe')
     args = p.parse_args(argv)
     for path in [args.config, args.deploy_cfg, *args.images] + (
