@@ -42,15 +42,24 @@ THREADS = max(1, (os.cpu_count() or 1) // WORKERS)
 if WORKERS > 1:
     torch.set_num_threads(THREADS)
 
+RELEASE_TIER = 'CLUSTR_MM_RELEASE_TIER'
 NO_CUDA = ('needs a CUDA device (the GPU tier, pytest -m cuda); '
            'torch.cuda.is_available() is False here')
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip the GPU tier where there is no CUDA device; under xdist, order
-    the tests for the workers (:func:`_dispatch_rank`)."""
+    """Skip the GPU tier where there is no CUDA device and the release tier
+    unless asked for; under xdist, order the tests for the workers
+    (:func:`_dispatch_rank`)."""
     if 'PYTEST_XDIST_WORKER' in os.environ:
         items.sort(key=_dispatch_rank)  # stable: files keep their order
+    from clustr_mm.registry import switch
+    if not switch(RELEASE_TIER, False):
+        skip = pytest.mark.skip(reason=f'the release tier: opt in with '
+                                f'{RELEASE_TIER}=1')
+        for item in items:
+            if item.get_closest_marker('release'):
+                item.add_marker(skip)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason=NO_CUDA)
