@@ -412,10 +412,16 @@ def test_converter_round_trip(tmp_path):
                                          checkpoint=str(dst),
                                          prefix='backbone.')).eval()
     fresh.init_weights()
+    # the official file itself, by init_cfg: the loader converts it through
+    # the same converter (one path, issue 41 item 4)
+    direct = ClusTR('tiny', init_cfg=dict(type='Pretrained',
+                                          checkpoint=str(src),
+                                          prefix='backbone.')).eval()
+    direct.init_weights()
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
-        for a, b in zip(model(x), fresh(x)):
-            assert torch.equal(a, b)
+        for a, b, c in zip(model(x), fresh(x), direct(x)):
+            assert torch.equal(a, b) and torch.equal(a, c)
 
     # The whole checkpoint is an mmpretrain classifier's state dict.
     mmpretrain_models = pytest.importorskip('mmpretrain.registry').MODELS
@@ -436,18 +442,27 @@ def test_converter_reports_mismatches(tmp_path):
     official = to_official(ClusTR('tiny').state_dict())
     official.pop('norm4.weight')
     official['block1.0.attn.q.bias'] = torch.zeros(3)
-    official['relative_bias'] = torch.zeros(2)
     src = tmp_path / 'official.pth'
-    torch.save(official, src)
-    result = subprocess.run(
-        [sys.executable, str(REPO / 'tools/model_converters/'
-                             'clustr_official_to_mm.py'), str(src),
-         str(tmp_path / 'out.pth'), '--arch', 'tiny'],
-        capture_output=True, text=True, cwd=REPO)
+
+    def convert():
+        torch.save(official, src)
+        return subprocess.run(
+            [sys.executable, str(REPO / 'tools/model_converters/'
+                                 'clustr_official_to_mm.py'), str(src),
+             str(tmp_path / 'out.pth'), '--arch', 'tiny'],
+            capture_output=True, text=True, cwd=REPO)
+
+    result = convert()
     assert result.returncode != 0
     assert 'backbone.stages.3.norm.weight' in result.stdout
     assert 'backbone.stages.0.blocks.0.attn.q.bias' in result.stdout
-    assert 'relative_bias (no rule)' in result.stdout
+    assert not (tmp_path / 'out.pth').exists()
+    official['relative_bias'] = torch.zeros(2)  # a key no rule maps
+    result = convert()
+    assert result.returncode != 0
+    assert re.search(r'an official ClusTR ImageNet classifier file, '
+                     r"but no rule of the conversion table maps its keys "
+                     r"\['relative_bias'\]", result.stderr), result.stderr
     assert not (tmp_path / 'out.pth').exists()
 
 

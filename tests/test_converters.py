@@ -35,12 +35,12 @@ def test_each_layout_is_detected_converted_and_inferred():
     clustr, paca = _backbones()
     sources = [
         (clustr, clustr_official_keys(clustr.state_dict()),
-         'official ClusTR classifier', dict(arch='tiny')),
+         'ImageNet classifier', dict(arch='tiny')),
         (paca, paca_official_keys(paca.state_dict(), 'conv'),
          'timm ImageNet classifier', None),
         (clustr, {f'backbone.{k}': v for k, v in
                   legacy_clustr_state(clustr).items()},
-         'earlier clustr_mm ClusTR layout', dict(arch='tiny')),
+         'backbone or whole model', dict(arch='tiny')),
     ]
     for (model, state, layout, config), converter in zip(sources,
                                                          CONVERTERS):

@@ -120,15 +120,15 @@ def torch_home(tmp_path, monkeypatch):
 def conversions(monkeypatch):
     """The loader's conversion log lines (MMEngine's logger does not go
     through pytest's capture)."""
-    from clustr_mm.checkpoints import paca_official
+    from clustr_mm.checkpoints import official
     lines = []
 
     def record(msg, *args, **kwargs):
         lines.append(msg)
         original(msg, *args, **kwargs)
 
-    original = paca_official.print_log
-    monkeypatch.setattr(paca_official, 'print_log', record)
+    original = official.print_log
+    monkeypatch.setattr(official, 'print_log', record)
     return lines
 
 
@@ -569,11 +569,11 @@ def test_neither_layout_names_expected_keys(tmp_path):
 
 
 def test_unknown_keys_in_an_official_file_are_an_error(cls_model):
-    from clustr_mm.checkpoints import convert_paca_checkpoint
+    from clustr_mm.checkpoints import convert_checkpoint
     state = timm_file(cls_model)
     state['stage1.0.attn.relative_bias'] = torch.zeros(3)
     with pytest.raises(ValueError, match='relative_bias'):
-        convert_paca_checkpoint(state, 'x.pth')
+        convert_checkpoint(state, 'x.pth')
 
 
 def _clustr_converter(argv, monkeypatch):

@@ -24,7 +24,7 @@ from test_configs import RELEASE_FILES, release_file
 from test_paca import to_official
 
 import clustr_mm  # noqa: F401  (registers the models and the loader)
-from clustr_mm.checkpoints import convert_paca_checkpoint
+from clustr_mm.checkpoints import convert_checkpoint
 
 NAMED = metafile_configs()
 
@@ -77,7 +77,7 @@ def test_release_file_fills_the_config_it_is_listed_on(name):
     if 'downstream_cluster_num' in kwargs:  # the official config's clusters
         assert list(cfg.model.backbone.num_clusters) == \
             kwargs['downstream_cluster_num'], path
-    converted = convert_paca_checkpoint(official_state(name, 'meta'),
+    converted = convert_checkpoint(official_state(name, 'meta'),
                                         name)['state_dict']
     got = {k: tuple(v.shape) for k, v in converted.items()}
     ours = our_shapes(cfg)
@@ -133,7 +133,7 @@ def test_downstream_config_starts_from_a_fitting_classifier(path):
     if source is None:  # a local path: its config is checked by test_configs
         assert not cfg.imagenet_checkpoint.startswith('http'), path
         return
-    converted = convert_paca_checkpoint(official_state(source, 'meta'),
+    converted = convert_checkpoint(official_state(source, 'meta'),
                                         source)['state_dict']
     got = {k: tuple(v.shape) for k, v in converted.items()
            if k.startswith('backbone.')}

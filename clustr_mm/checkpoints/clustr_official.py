@@ -18,8 +18,8 @@ import torch
 from ..models.backbones.clustr import ClusTR
 from .keys import strip_module_prefix
 
-OFFICIAL = 'official ClusTR classifier'
-LEGACY = 'earlier clustr_mm ClusTR layout'
+OFFICIAL = 'ImageNet classifier'
+LEGACY = 'backbone or whole model'
 # keys only the official code's files have
 SIGNATURE = ('patch_embed1.proj.weight', 'block1.0.attn.q.weight')
 

@@ -9,8 +9,9 @@ converter tools all get the same behaviour:
 
 * URLs are fetched once into torch's hub cache (:mod:`.download`);
 * nothing in the file can run code (:mod:`.safe_pickle`);
-* an official PaCa-ViT file is converted to our keys on the fly
-  (:func:`.paca_official.convert_paca_checkpoint`, one log line);
+* a file of a layout a converter knows (the official PaCa-ViT and ClusTR
+  code's, ClusTR's earlier clustr_mm keys) is converted to our keys on the
+  fly (:func:`.official.convert_checkpoint`, one log line);
 * a bad path, a directory, a text file, a truncated file or a CUDA
   ``map_location`` on a machine without CUDA is an error naming the file,
   what was found and what is expected.
@@ -24,7 +25,7 @@ import torch
 
 from .download import discard_cached, download_checkpoint
 from .keys import StateDict, strip_module_prefix, unwrap_state_dict
-from .paca_official import convert_paca_checkpoint
+from .official import convert_checkpoint
 from .safe_pickle import allow_runner_checkpoint_types, safe_load
 
 ZIP_MAGIC = b'PK\x03\x04'  # torch.save's format since torch 1.6
@@ -70,12 +71,13 @@ def load_checkpoint_file(filename: str, map_location=None,
 
     ``check_hash``: check a download against the sha256 prefix in its name
     (torch.hub's convention; off by default, as there). ``convert=False``
-    returns an official PaCa-ViT file as it is (for tools that must tell
-    what a file is).
+    returns an official file as it is (for tools that must tell what a file
+    is).
 
-    Returns what the file holds (a runner checkpoint unchanged); an official
-    PaCa-ViT file comes back converted, as ``{'state_dict', 'meta'}`` in our
-    model's keys.
+    Returns what the file holds (a runner checkpoint unchanged); a file of a
+    layout a converter knows (official PaCa-ViT or ClusTR, ClusTR's earlier
+    keys) comes back converted, as ``{'state_dict', 'meta'}`` in our model's
+    keys.
     """
     if not isinstance(filename, str):
         raise TypeError(f'checkpoint must be a path or URL string, got '
@@ -115,7 +117,7 @@ def load_checkpoint_file(filename: str, map_location=None,
         error = pickle.UnpicklingError if unsafe else ValueError
         raise error(message) from None
     if convert and isinstance(checkpoint, Mapping):
-        converted = convert_paca_checkpoint(checkpoint, filename)
+        converted = convert_checkpoint(checkpoint, filename)
         if converted is not None:
             return converted
     return checkpoint

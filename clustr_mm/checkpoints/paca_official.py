@@ -2,7 +2,7 @@
 mmseg segmentors) -> clustr_mm keys.
 
 One explicit table of key rewrites for the backbone (:data:`_RULES`), used by
-the loader (:func:`convert_paca_checkpoint`, on every load) and by
+the loader (through :func:`.official.convert_checkpoint`, on every load) and by
 ``tools/model_converters/paca_official_to_mm.py``. Two things are not a
 rename: the conv clustering's 1x1 convs are stored by us as linears
 ((out, in, 1, 1) -> (out, in)), and the teacher's fixed blur kernels are
@@ -17,11 +17,8 @@ import re
 from collections import OrderedDict
 from typing import List, Mapping, Optional, Tuple
 
-from mmengine.logging import print_log
-
 from ..models.backbones.paca import PaCaViT
-from .keys import (StateDict, state_dict_key, strip_module_prefix,
-                   unwrap_state_dict)
+from .keys import StateDict, strip_module_prefix
 
 _STAGE = r'^stage(?P<i>\d+)\.(?P<b>\d+)\.'
 _TEACHER = r'^paca_teacher\.'
@@ -226,63 +223,3 @@ def paca_official_layout(state: Mapping) -> Optional[str]:
         return BACKBONE_ONLY
     return None
 
-
-def convert_paca_checkpoint(checkpoint: Mapping, source: str
-                            ) -> Optional[dict]:
-    """An official PaCa-ViT file's contents in clustr_mm's model layout.
-
-    Returns None when ``checkpoint`` is not in an official layout (it is then
-    used as it is), else ``{'state_dict': ..., 'meta': ...}``: the backbone
-    under ``backbone.`` in our names, a timm head as ``head.fc.*``, other
-    keys (necks, heads) unchanged; the file's ``meta`` (class names) is
-    kept, training-script entries (optimizer, epoch, args) are not. Logs one
-    line saying what was converted from which layout.
-
-    Raises:
-        ValueError: an official file with keys the table does not know.
-    """
-    state = strip_module_prefix(unwrap_state_dict(checkpoint))
-    layout = paca_official_layout(state)
-    if layout is None:
-        return None
-    if layout == TIMM:
-        kept = {}
-        converted, unknown = convert_paca_official(state)
-    else:
-        kept = OrderedDict((k, v) for k, v in state.items()
-                           if not k.startswith('backbone.'))
-        converted, skipped = convert_paca_official(state)
-        unknown = [k for k in skipped if k not in kept]
-    if unknown:
-        raise ValueError(
-            f'{source}: an official PaCa-ViT {layout} file, but no rule of '
-            f'the conversion table maps its keys {unknown[:10]}'
-            f'{" ..." if len(unknown) > 10 else ""}; expected only the '
-            'official backbone keys (patch_embed.*, stage{i}.*, norm{i}.*, '
-            'transition{i}.*, paca_teacher.*) and, for a classifier, '
-            'head.weight / head.bias')
-    out = OrderedDict(converted)
-    out.update(kept)
-    prefix = '' if layout == TIMM else 'backbone.'
-    dropped = sum(1 for k in state if k.startswith(prefix)
-                  and _DROPPED.match(k[len(prefix):]))
-    wrapped = state_dict_key(checkpoint)
-    meta = checkpoint.get('meta') if wrapped else None
-    meta = dict(meta) if isinstance(meta, Mapping) else {}
-    meta['converted_from'] = dict(layout=f'official PaCa-ViT {layout}',
-                                  source=source)
-    ignored = sorted(str(k) for k in checkpoint
-                     if wrapped and k not in (wrapped, 'meta'))
-    parts = [f'{len(converted) - sum(k.startswith("head.fc.") for k in converted)}'
-             ' backbone tensors mapped to backbone.*']
-    if any(k.startswith('head.fc.') for k in converted):
-        parts.append('head.weight/bias -> head.fc.weight/bias')
-    if kept:
-        parts.append(f'{len(kept)} neck/head tensors kept as named')
-    if dropped:
-        parts.append(f'{dropped} fixed blur kernels dropped')
-    if ignored:
-        parts.append(f'entries not loaded: {", ".join(ignored)}')
-    print_log(f'clustr_mm: converted official PaCa-ViT weights ({layout}) '
-              f'from {source}: ' + '; '.join(parts), logger='current')
-    return dict(state_dict=out, meta=meta)

@@ -35,26 +35,30 @@ def main():
     sys.path.insert(0, osp.join(osp.dirname(__file__), '..', '..'))
     from clustr_mm.models.backbones.clustr import ClusTR
     from clustr_mm.checkpoints import (compare_state_dicts,
-                                       convert_clustr_official,
                                        infer_clustr_config,
-                                       paca_official_layout, read_checkpoint)
+                                       load_checkpoint_file)
 
-    try:  # weights-only: a downloaded checkpoint must not run code
-        official = read_checkpoint(args.src, convert=False)
+    # the loader's one conversion path (the one load_from and init_cfg
+    # take); weights-only: a downloaded checkpoint must not run code
+    try:
+        checkpoint = load_checkpoint_file(args.src, map_location='cpu')
     except (OSError, ValueError, TypeError, RuntimeError) as e:
         sys.exit(f'error: {e}')
-    converted, unmatched = convert_clustr_official(official)
-    paca = paca_official_layout(official)
-    if paca is not None:
-        sys.exit(f'error: {args.src} is an official PaCa-ViT checkpoint '
-                 f'({paca} layout), not a ClusTR one: convert it with '
+    if not isinstance(checkpoint, dict):
+        sys.exit(f'error: {args.src} holds a {type(checkpoint).__name__}, '
+                 'expected a state dict')
+    source = (checkpoint.get('meta') or {}).get('converted_from', {})
+    layout = source.get('layout', '')
+    if layout.startswith('official PaCa-ViT'):
+        sys.exit(f'error: {args.src} is an {layout} checkpoint, not a '
+                 'ClusTR one: convert it with '
                  'tools/model_converters/paca_official_to_mm.py, or load it '
                  'as it is (clustr_mm converts official PaCa-ViT files on '
                  'load)')
-    if not converted:
-        ours = [k for k in official
-                if k.startswith(('backbone.stages.', 'stages.', 'backbone.'
-                                 'patch_embeds.', 'patch_embeds.'))]
+    state = checkpoint.get('state_dict', checkpoint)
+    if not layout:
+        ours = [k for k in state if k.startswith(('backbone.stages.',
+                                                  'stages.'))]
         if ours:
             sys.exit(f'error: {args.src} is already a clustr_mm checkpoint '
                      f'(keys like {ours[0]}); use it directly (load_from, '
@@ -62,7 +66,8 @@ def main():
                      "prefix='backbone.')), there is nothing to convert")
         sys.exit(f'error: no official ClusTR keys in {args.src}: expected '
                  'patch_embed1.*, block1.0.*, norm1.*, head.*; found '
-                 f'{list(official)[:5]}')
+                 f'{list(state)[:5]}')
+    converted = state
     arch = args.arch or infer_clustr_config(converted)['arch']
 
     backbone = ClusTR(arch)
@@ -73,7 +78,6 @@ def main():
                                                  backbone.embed_dims[-1])
         expected['head.fc.bias'] = torch.empty(head_w.shape[0])
     report = compare_state_dicts(converted, expected)
-    report['unexpected'] += [f'{k} (no rule)' for k in unmatched]
 
     print(f'arch: {arch}')
     for name in ('matched', 'missing', 'unexpected', 'shape_mismatch'):
@@ -88,6 +92,7 @@ def main():
 
     state_dict = {k: converted[k].contiguous() for k in report['matched']}
     meta = dict(source=osp.abspath(args.src), arch=arch,
+                converted_from=source,
                 converter='tools/model_converters/clustr_official_to_mm.py')
     torch.save(dict(state_dict=state_dict, meta=meta), args.dst)
     print(f'saved {len(state_dict)} tensors to {args.dst}')
