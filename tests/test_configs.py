@@ -419,6 +419,7 @@ def test_imagenet_sampling_is_the_official(path):
             RepeatAugSampler).parameters['num_repeats'].default)
         assert repeats == 3 and sampler.shuffle, path
     else:
+        sampler.pop('_scope_', None)  # mmpretrain's, from the dataset base
         assert sampler == dict(type='DefaultSampler', shuffle=True), path
 
 
@@ -455,3 +456,84 @@ def test_documented_train_commands_use_the_official_precision():
     assert len(commands) >= 8, commands
     missing = [c for c in commands if '--amp' not in c[1]]
     assert not missing, missing
+
+
+# --- where configs come from -----------------------------------------------
+# The merged content (Config.to_dict) of every model config, hashed: a change
+# to any config or _base_ piece that changes what a config resolves to shows
+# here. After a change that is meant, rewrite the record:
+#     cd tests && python -c "import test_configs as t; t.write_config_hashes()"
+CONFIG_HASHES = ROOT / 'tests' / 'data' / 'config_hashes.json'
+
+
+def _canonical(value):
+    """JSON-ready form that keeps dicts, tuples and lists apart."""
+    if isinstance(value, dict):
+        return {'__dict__': [[str(k), _canonical(value[k])]
+                             for k in sorted(value, key=str)]}
+    if isinstance(value, tuple):
+        return {'__tuple__': [_canonical(v) for v in value]}
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return {'__repr__': repr(value)}
+
+
+def config_hash(path) -> str:
+    import hashlib
+    import json
+    text = json.dumps(_canonical(load_config(path).to_dict()), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def write_config_hashes():
+    import json
+    CONFIG_HASHES.write_text(json.dumps(
+        {path: config_hash(path) for path in CONFIGS}, indent=1,
+        sort_keys=True) + '\n')
+
+
+def test_configs_resolve_as_recorded():
+    import json
+    recorded = json.loads(CONFIG_HASHES.read_text())
+    assert sorted(recorded) == sorted(CONFIGS), (
+        'configs added or removed: rewrite the record (see CONFIG_HASHES)')
+    changed = [p for p in CONFIGS if config_hash(p) != recorded[p]]
+    assert not changed, (
+        f'these configs now resolve to other content: {changed}; if that is '
+        'meant, rewrite the record (see CONFIG_HASHES)')
+
+
+def _bases(path: Path):
+    """The files a config's _base_ names (library ones as 'scope::path')."""
+    import ast
+    tree = ast.parse(path.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+                getattr(t, 'id', None) == '_base_' for t in node.targets):
+            values = node.value.elts if isinstance(
+                node.value, (ast.List, ast.Tuple)) else [node.value]
+            for v in values:
+                name = ast.literal_eval(v)
+                yield name if '::' in name else (path.parent / name).resolve()
+
+
+def test_families_do_not_inherit_each_other():
+    """A ClusTR config inherits no PaCa-ViT or ablation config and none of
+    those a ClusTR one; what they share is in configs/_base_/, whose pieces
+    inherit only each other and the libraries' configs."""
+    configs = ROOT / 'configs'
+    for path in sorted(configs.glob('*/*.py')):
+        folder = path.parent.name
+        for base in _bases(path):
+            if isinstance(base, str):
+                continue
+            assert base.is_file(), (path, base)
+            other = base.parent.name
+            if folder == '_base_':
+                assert other == '_base_', (path, base)
+            elif folder == 'clustr':
+                assert other in ('clustr', '_base_'), (path, base)
+            elif folder in ('paca', 'ablations'):
+                assert other != 'clustr', (path, base)

@@ -2,6 +2,11 @@
 # projection (queries from the patch tokens, values from the cluster tokens,
 # one shared weight), so each scale keeps only a key projection. No
 # published counterpart.
-_base_ = '../clustr/clustr-s_8xb128_in1k.py'
+_base_ = '../_base_/imagenet_8xb128-300e.py'
 
-model = dict(backbone=dict(compact_qv=True))
+model = dict(
+    backbone=dict(
+        type='ClusTR', arch='small', clustering_mode='exact',
+        drop_path_rate=0.1, compact_qv=True),
+    head=dict(in_channels=512))
+train_dataloader = dict(sampler=dict(type='RepeatAugSampler', shuffle=True))

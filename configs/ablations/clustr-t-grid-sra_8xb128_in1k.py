@@ -3,8 +3,6 @@
 # kernel = stride = sr (8, 4, 2) + LayerNorm, one kv projection; stage 4
 # (sr 1) keeps full attention. Published: 13.2 M params, 76.7 Top-1
 # (100 epochs).
-_base_ = '../clustr/clustr-t_8xb128_in1k.py'
+_base_ = './clustr-t-multi-scale_8xb128_in1k.py'
 
-model = dict(backbone=dict(reducers=dict(type='GridPool')))
-# The paper's ablations train for 100 epochs.
-train_cfg = dict(max_epochs=100)
+model = dict(backbone=dict(reducers=dict(_delete_=True, type='GridPool')))

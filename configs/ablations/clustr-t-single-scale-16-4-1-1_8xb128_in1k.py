@@ -2,7 +2,7 @@
 # {16, 4, 1, 1} per stage (N/16, N/4 clusters: sr = 4, 2; full attention in
 # stages 3 and 4). One kv projection per stage. Published: 10.8 M params,
 # 77.4 Top-1 (100 epochs), 41.8 mIoU.
-_base_ = '../clustr/clustr-t_8xb128_in1k.py'
+_base_ = './clustr-t-multi-scale_8xb128_in1k.py'
 
 model = dict(
     backbone=dict(
@@ -13,5 +13,4 @@ model = dict(
             num_heads=(1, 2, 4, 8),
             mlp_ratios=(8, 8, 4, 4),
             sr_ratios=(4, 2, 1, 1)),
-        reducers=dict(type='DPCKNN', scale_factors=(1, ))))
-train_cfg = dict(max_epochs=100)
+        reducers=dict(scale_factors=(1, ))))

@@ -1,12 +1,6 @@
 # Mask R-CNN 1x on COCO with a ClusTR-T backbone, fine-tuned from ImageNet.
 # Recipe of the paper: AdamW lr 2e-4, wd 1e-4, batch 16 (8 GPUs x 2), 12 epochs.
-_base_ = ['mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py']
-# The Swin base's ImageNet URL; the backbone is replaced, so it must not show.
-pretrained = None
-custom_imports = dict(imports=['clustr_mm'], allow_failed_imports=False)
-# Resume continues the random streams; a non-finite loss stops the run before
-# it is saved (clustr_mm/engine).
-custom_hooks = [dict(type='RandomStateHook'), dict(type='FailFastHook')]
+_base_ = '../_base_/mask-rcnn_fpn_1x_coco.py'
 
 # ImageNet checkpoint to fine-tune from: the output of
 # `tools/train.py configs/clustr/clustr-t_8xb128_in1k.py`, or an official
@@ -17,16 +11,12 @@ model = dict(
     # short of GPU memory: add with_cp=True (each block recomputed in the
     # backward pass; figures in docs/benchmarks.md)
     backbone=dict(
-        _delete_=True,
         type='ClusTR',
         arch='tiny',
         # Windowed DPC-kNN: never builds an N x N matrix at detection sizes.
         clustering_mode='window',
         drop_path_rate=0.1,
-        out_indices=(0, 1, 2, 3),
-        init_cfg=dict(
-            type='Pretrained', checkpoint=imagenet_checkpoint,
-            prefix='backbone.')),
+        init_cfg=dict(checkpoint=imagenet_checkpoint)),
     neck=dict(in_channels=[64, 128, 256, 512]))
 
 optim_wrapper = dict(

@@ -16,49 +16,15 @@
 # degrees, 0.x as a 40-degree normal clipped at +-80).
 # No drop path (TCFormer's config has none). The simpler model, last stage +
 # three deconvolutions: td-hm_clustr-s_8xb64-210e_coco-wholebody-256x192.py.
-_base_ = [
-    'mmpose::wholebody_2d_keypoint/topdown_heatmap/coco-wholebody/'
-    'td-hm_hrnet-w32_8xb64-210e_coco-wholebody-256x192.py'
-]
-custom_imports = dict(imports=['clustr_mm'], allow_failed_imports=False)
-# mmpose's SyncBuffersHook, then: resume continues the random streams; a
-# non-finite loss stops the run before it is saved (clustr_mm/engine).
-custom_hooks = [dict(type='SyncBuffersHook'), dict(type='RandomStateHook'),
-                dict(type='FailFastHook')]
+_base_ = '../_base_/td-hm_mta-8xb64-210e_coco-wholebody-256x192.py'
 
 imagenet_checkpoint = 'work_dirs/clustr-s_8xb128_in1k/epoch_300.pth'
 
 model = dict(
     backbone=dict(
-        _delete_=True,
         type='ClusTR',
         arch='small',
         clustering_mode='window',
         drop_path_rate=0.0,
-        out_indices=(0, 1, 2, 3),
-        init_cfg=dict(
-            type='Pretrained', checkpoint=imagenet_checkpoint,
-            prefix='backbone.')),
-    neck=dict(
-        type='MultiStageAggregation',
-        in_channels=[64, 128, 256, 512],
-        out_channels=256,
-        num_heads=4,
-        mlp_ratio=4,
-        pool_ratios=(8, 4, 2)),
-    # the base's HeatmapHead: no deconvolutions, a 1x1 final conv
-    head=dict(in_channels=256, deconv_out_channels=None))
-
-optim_wrapper = dict(
-    optimizer=dict(
-        _delete_=True, type='AdamW', lr=5e-4, betas=(0.9, 0.999),
-        weight_decay=0.01))
-max_epochs = 210
-train_cfg = dict(max_epochs=max_epochs)
-param_scheduler = [
-    dict(type='LinearLR', begin=0, end=500, start_factor=0.001,
-         by_epoch=False),
-    dict(type='MultiStepLR', begin=0, end=max_epochs, milestones=[170, 200],
-         gamma=0.1, by_epoch=True),
-]
-auto_scale_lr = dict(base_batch_size=512)  # 8 GPUs x 64 images
+        init_cfg=dict(checkpoint=imagenet_checkpoint)),
+    neck=dict(in_channels=[64, 128, 256, 512]))

@@ -5,13 +5,7 @@
 # lr 1e-4, wd 0.05, no weight decay on norms, 500 warm-up iterations, steps at
 # epochs 8 and 11, batch 16 (8 GPUs x 2), 12 epochs. Differs from the release:
 # nothing in the recipe.
-_base_ = ['mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py']
-# The Swin base's ImageNet URL; the backbone is replaced, so it must not show.
-pretrained = None
-custom_imports = dict(imports=['clustr_mm'], allow_failed_imports=False)
-# Resume continues the random streams; a non-finite loss stops the run before
-# it is saved (clustr_mm/engine).
-custom_hooks = [dict(type='RandomStateHook'), dict(type='FailFastHook')]
+_base_ = '../_base_/mask-rcnn_fpn_1x_coco.py'
 
 imagenet_checkpoint = ('https://github.com/iVMCL/PaCaViT/releases/download/'
                        'pacavit/IMNET_224_pacavit_small_p2cconv_100_0.pth')
@@ -20,15 +14,11 @@ model = dict(
     # short of GPU memory: add with_cp=True (each block recomputed in the
     # backward pass; figures in docs/benchmarks.md)
     backbone=dict(
-        _delete_=True,
         type='PaCaViT',
         arch='small',
         clustering='conv',
         drop_path_rate=0.1,
-        out_indices=(0, 1, 2, 3),
-        init_cfg=dict(
-            type='Pretrained', checkpoint=imagenet_checkpoint,
-            prefix='backbone.')),
+        init_cfg=dict(checkpoint=imagenet_checkpoint)),
     neck=dict(in_channels=[96, 192, 320, 384]))
 
 # The release's augmentation (from DETR): flip, then either a multi-scale

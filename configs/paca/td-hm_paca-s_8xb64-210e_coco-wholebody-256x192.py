@@ -4,19 +4,15 @@
 # recipe and deconv head as the ClusTR-S deconv config (AdamW lr 5e-4, wd
 # 0.01, 210 epochs, batch 512). ClusTR's paper setting (TCFormer's neck, a
 # 1x1 head): td-hm_paca-s_mta-8xb64-210e_coco-wholebody-256x192.py.
-_base_ = '../clustr/td-hm_clustr-s_8xb64-210e_coco-wholebody-256x192.py'
+_base_ = '../_base_/td-hm_8xb64-210e_coco-wholebody-256x192.py'
 
 imagenet_checkpoint = ('https://github.com/iVMCL/PaCaViT/releases/download/'
                        'pacavit/IMNET_224_pacavit_small_p2cconv_100_0.pth')
 model = dict(
     backbone=dict(
-        _delete_=True,
         type='PaCaViT',
         arch='small',
         clustering='conv',
         drop_path_rate=0.1,
-        out_indices=(3, ),
-        init_cfg=dict(
-            type='Pretrained', checkpoint=imagenet_checkpoint,
-            prefix='backbone.')),
+        init_cfg=dict(checkpoint=imagenet_checkpoint)),
     head=dict(in_channels=384))

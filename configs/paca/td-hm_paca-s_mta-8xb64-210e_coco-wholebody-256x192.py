@@ -4,19 +4,15 @@
 # ../clustr/td-hm_clustr-s_mta-8xb64-210e_coco-wholebody-256x192.py; the
 # simpler model (last stage + three deconvolutions):
 # td-hm_paca-s_8xb64-210e_coco-wholebody-256x192.py.
-_base_ = '../clustr/td-hm_clustr-s_mta-8xb64-210e_coco-wholebody-256x192.py'
+_base_ = '../_base_/td-hm_mta-8xb64-210e_coco-wholebody-256x192.py'
 
 imagenet_checkpoint = ('https://github.com/iVMCL/PaCaViT/releases/download/'
                        'pacavit/IMNET_224_pacavit_small_p2cconv_100_0.pth')
 model = dict(
     backbone=dict(
-        _delete_=True,
         type='PaCaViT',
         arch='small',
         clustering='conv',
         drop_path_rate=0.0,
-        out_indices=(0, 1, 2, 3),
-        init_cfg=dict(
-            type='Pretrained', checkpoint=imagenet_checkpoint,
-            prefix='backbone.')),
+        init_cfg=dict(checkpoint=imagenet_checkpoint)),
     neck=dict(in_channels=[96, 192, 320, 384]))

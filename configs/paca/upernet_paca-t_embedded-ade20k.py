@@ -1,35 +1,15 @@
 # UperNet + PaCa-ViT-T (200 clusters per stage) on the tiny embedded ADE20K:
 # 128x128 crops and a short schedule so it trains in minutes on a CPU.
-_base_ = './upernet_paca-t_8xb2-160k_ade20k-512x512.py'
+_base_ = '../_base_/upernet_embedded-ade20k.py'
 
-crop_size = (128, 128)
-small_sizes = dict(
-    RandomResize=dict(scale=(256, 128), ratio_range=(0.75, 1.5)),
-    RandomCrop=dict(crop_size=crop_size),
-    Resize=dict(scale=(256, 128)))
-train_pipeline = [dict(t, **small_sizes.get(t['type'], {}))
-                  for t in _base_.train_pipeline
-                  if t['type'] != 'PhotoMetricDistortion']
-test_pipeline = [dict(t, **small_sizes.get(t['type'], {}))
-                 for t in _base_.test_pipeline]
 model = dict(
-    data_preprocessor=dict(size=crop_size),
-    backbone=dict(drop_path_rate=0.0, init_cfg=None))
-train_dataloader = dict(
-    batch_size=4, num_workers=0, persistent_workers=False,
-    dataset=dict(pipeline=train_pipeline))
-val_dataloader = dict(
-    batch_size=1, num_workers=0, persistent_workers=False,
-    dataset=dict(pipeline=test_pipeline))
-test_dataloader = val_dataloader
-
-max_iters = 40
-train_cfg = dict(max_iters=max_iters, val_interval=max_iters)
-optim_wrapper = dict(optimizer=dict(lr=1e-3))
-param_scheduler = [
-    dict(type='PolyLR', eta_min=0.0, power=1.0, begin=0, end=max_iters,
-         by_epoch=False)
-]
-default_hooks = dict(
-    logger=dict(interval=5),
-    checkpoint=dict(interval=max_iters, max_keep_ckpts=1))
+    backbone=dict(
+        type='PaCaViT',
+        arch='tiny',
+        clustering='conv',
+        num_clusters=(200, 200, 200, 0)),
+    decode_head=dict(in_channels=[96, 192, 320, 384]),
+    auxiliary_head=dict(in_channels=320))
+# the release's: no weight decay on norms
+optim_wrapper = dict(
+    paramwise_cfg=dict(custom_keys={'norm': dict(decay_mult=0.)}))

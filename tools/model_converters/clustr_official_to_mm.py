@@ -49,9 +49,11 @@ def main():
                  'expected a state dict')
     source = (checkpoint.get('meta') or {}).get('converted_from', {})
     layout = source.get('layout', '')
-    if layout.startswith('official PaCa-ViT'):
-        sys.exit(f'error: {args.src} is an {layout} checkpoint, not a '
-                 'ClusTR one: convert it with '
+    paca = 'official PaCa-ViT '
+    if layout.startswith(paca):
+        sys.exit(f'error: {args.src} is an official PaCa-ViT checkpoint '
+                 f'({layout[len(paca):]} layout), not a ClusTR one: convert '
+                 'it with '
                  'tools/model_converters/paca_official_to_mm.py, or load it '
                  'as it is (clustr_mm converts official PaCa-ViT files on '
                  'load)')
