@@ -29,14 +29,14 @@ def drop_path_rates(rate: float, depths: Sequence[int]) -> List[List[float]]:
 
 
 class BlockOutput(NamedTuple):
-    """What a block returns: its ``tokens`` (B, N, C); the ``assignment``
-    for the next block of the stage (PaCa-ViT's stage-wise clustering; other
-    blocks pass on the one they got); ``assignments``, per scale the
-    assignments behind its attention's keys and values (none for full
+    """What a block returns: its ``tokens`` (B, N, C); ``shared``, the
+    assignment the next block of the stage receives (PaCa-ViT's stage-wise
+    clustering; other blocks pass on the one they got); ``used``, per scale
+    the assignment behind its attention's keys and values (none for full
     attention), which the stage records."""
     tokens: torch.Tensor
-    assignment: Optional[torch.Tensor]
-    assignments: List[torch.Tensor]
+    shared: Optional[torch.Tensor]
+    used: List[torch.Tensor]
 
 
 class PyramidStage(nn.Module):

@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..graph_safety import is_onnx_export, is_tracing
-from .common import ClusteringPlan, Windows, join
+from .common import ClusteringPlan, Windows, concat_chunks
 from .reference import (augment, centers_by_score, density, first_duplicate,
                         gather_columns, nearest_center, record)
 
@@ -122,9 +122,9 @@ def dpc_knn_blocked(x: torch.Tensor, counts: Sequence[int], k: int,
             d = d.nan_to_num_(posinf=0.0)
         row_max.append(d.amax((1, 2))[:, None] if step >= n else d.amax(-1))
         whole = d if step >= n else None
-    row_max = join(row_max)
+    row_max = concat_chunks(row_max)
     dmax2 = row_max[:, 0] if row_max.shape[1] == 1 else row_max.amax(-1)
-    knn_d, first = join(knn_d), join(first)
+    knn_d, first = concat_chunks(knn_d), concat_chunks(first)
     record(probe, knn=knn_d)
     rho = density(knn_d, tie, c, windows, first)
 
@@ -146,7 +146,7 @@ def dpc_knn_blocked(x: torch.Tensor, counts: Sequence[int], k: int,
 
     # Every token joins its nearest center, row block by row block.
     center_cols = gather_columns(cols, centers)
-    return join([
+    return concat_chunks([
         nearest_center(torch.bmm(rows[:, r0:r0 + step], center_cols),
                        tie[:, r0:r0 + step], centers,
                        windows.positions[r0:r0 + step], counts, windows)
@@ -173,5 +173,5 @@ def _nearest_denser(rows: torch.Tensor, cols: torch.Tensor,
         r = d.shape[1]
         d[..., r0:].masked_fill_(later[:r, :r], float('inf'))
         parts.append(d.amin(-1))
-    by_order = join(parts)  # back from density order to token order
+    by_order = concat_chunks(parts)  # back from density order to token order
     return torch.empty_like(by_order).scatter_(1, order, by_order)

@@ -168,7 +168,7 @@ class WindowGroup(NamedTuple):
     counts: List[int]
 
 
-def join(parts: List[torch.Tensor], dim: int = 1) -> torch.Tensor:
+def concat_chunks(parts: List[torch.Tensor], dim: int = 1) -> torch.Tensor:
     """Chunks back together (no copy for a single chunk)."""
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
 
@@ -225,6 +225,7 @@ class WindowLayout:
         counts: Per scale, the clusters of each window.
         totals: Number of clusters per scale.
         identity: Per scale, whether every token is its own cluster.
+        num_scales: The number of scales (clustered or not).
         clustered: The scales that are not the identity (in order).
         offsets: (S, nWin) id of each window's first cluster, per scale.
         groups: The :class:`WindowGroup` calls: one (border windows padded)
@@ -245,6 +246,7 @@ class WindowLayout:
         self.counts = cluster_counts(self.tokens, sr_ratio, scale_factors)
         self.totals = [sum(c) for c in self.counts]
         self.identity = [c == self.tokens for c in self.counts]
+        self.num_scales = len(self.counts)
         self.clustered = [s for s, ident in enumerate(self.identity)
                           if not ident]
         offsets = [[sum(c[:i]) for i in range(len(c))] for c in self.counts]

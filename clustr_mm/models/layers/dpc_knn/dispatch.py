@@ -29,7 +29,7 @@ from ..graph_safety import is_compiling, is_onnx_export, is_tracing
 from . import blocked, first_use, fused, reference
 from .common import (BatchConsts, ClusteringPlan, ClusterIds, GroupConsts,
                      Padding, WindowGroup, WindowLayout, Windows,
-                     default_plan, join)
+                     default_plan, concat_chunks)
 
 BACKENDS = (fused, blocked, reference)
 logger = logging.getLogger(__name__)
@@ -97,9 +97,9 @@ def assign_clusters(x: torch.Tensor, layout: WindowLayout) -> ClusterIds:
         center score inside a window; identity scales get ``arange(N)``.
     """
     b, n_tok, c = x.shape
-    todo = layout.clustered
-    identity = [layout.token_ids.expand(b, -1)] * len(layout.identity)
-    if not todo or not b:  # (sizes, not data: no sync)
+    scales = layout.clustered
+    identity = [layout.token_ids.expand(b, -1)] * layout.num_scales
+    if not scales or not b:  # (sizes, not data: no sync)
         return ClusterIds(identity, None)
     h, w = layout.hw
     plan = layout.plan
@@ -121,7 +121,7 @@ def assign_clusters(x: torch.Tensor, layout: WindowLayout) -> ClusterIds:
             n = sh * sw
             win = part.reshape(b, gh, sh, gw, sw, c).transpose(2, 3).reshape(
                 -1, n, c)
-            counts = [grp.counts[s] for s in todo]
+            counts = [grp.counts[s] for s in scales]
             # Whole windows per call, as many as fit the block budget (the
             # fused kernel keeps no block: all in one call).
             per_call = (win.shape[0] if plan.kernel == 'fused' else
@@ -138,21 +138,21 @@ def assign_clusters(x: torch.Tensor, layout: WindowLayout) -> ClusterIds:
                 sl = (slice(0, None) if per_call >= win.shape[0] else
                       slice(g0, g0 + per_call))
                 parts.append(run(win[sl], counts, layout.k,
-                                 cut(group.windows, sl), plan))
-            local = join(parts, 1)
+                                 window_block(group.windows, sl), plan))
+            local = concat_chunks(parts, 1)
             if layout.token_pos is None:
-                stacked = local.view(len(todo), b, n_tok)
+                stacked = local.view(len(scales), b, n_tok)
                 break
-            outs.append((local.view(len(todo), b, gh * gw, n) +
+            outs.append((local.view(len(scales), b, gh * gw, n) +
                          group.offsets).flatten(2))
         else:
-            stacked = join(outs, 2).index_select(2, layout.token_pos)
-    for i, s in enumerate(todo):
+            stacked = concat_chunks(outs, 2).index_select(2, layout.token_pos)
+    for i, s in enumerate(scales):
         identity[s] = stacked[i]
     return ClusterIds(identity, stacked, consts)
 
 
-def cut(windows: Windows, sl: slice) -> Windows:
+def window_block(windows: Windows, sl: slice) -> Windows:
     """The windows ``sl`` of ``windows`` (one block of them)."""
     if sl == slice(0, None):
         return windows
@@ -194,7 +194,7 @@ def _group_consts(layout: WindowLayout, grp: WindowGroup, batch: int,
     slots) and cluster offsets for ``batch`` images."""
     (sh, sw), (gh, gw) = grp.window, grp.grid
     (r0, r1), (c0, c1) = grp.rows, grp.cols
-    todo = layout.clustered
+    scales = layout.clustered
     dev, n = layout.device, sh * sw
     positions = torch.arange(n, device=dev)
     padding = center_slots = None
@@ -214,13 +214,13 @@ def _group_consts(layout: WindowLayout, grp: WindowGroup, batch: int,
                 [k_eff / min(k_eff, t) for t in tokens],
                 device=dev).repeat(batch)[:, None]
         padding = Padding(invalid, knn_scale)
-    counts = [[layout.counts[s][i] for i in grp.index] for s in todo]
+    counts = [[layout.counts[s][i] for i in grp.index] for s in scales]
     if len(counts) > 1 or len(set(counts[0])) > 1:
         num = max(max(c) for c in counts)
         cnt = torch.tensor(counts, device=dev)  # (S, windows)
         center_slots = (positions[:num] < cnt[..., None]).repeat(
             1, batch, 1)
-    offsets = layout.offsets[list(todo)][:, grp.index][:, None, :, None]
+    offsets = layout.offsets[list(scales)][:, grp.index][:, None, :, None]
     windows = Windows(torch.ones(batch * gh * gw, n, 1, device=dev),
                       positions, inf, padding, center_slots)
     return GroupConsts(windows, offsets)

@@ -42,7 +42,7 @@ from ..arg_checks import check_dpc_knn_args
 from ..graph_safety import is_onnx_export, is_tracing
 from ..token_reducer import Grid, Reduction, TokenReducer
 from .common import (CLUSTR_SCALES, ClusteringPlan, ClusterIds,
-                     WindowLayout, cluster_counts, join, window_tokens)
+                     WindowLayout, cluster_counts, concat_chunks, window_tokens)
 from .dispatch import Choice, assign_clusters, choose_backend
 from .reference import DEFAULT_PRECISION, check_precision
 
@@ -97,7 +97,7 @@ def merge_clusters(x: torch.Tensor, w: torch.Tensor, ids: ClusterIds,
         if len(todo) < len(layout.identity):
             sums.append(weighted.reshape(-1, c + 1))
             sizes.append(b * n)
-        sums = join(sums, 0)
+        sums = concat_chunks(sums, 0)
         merged = (sums[:, :c] / (sums[:, c:] + 1e-6)).to(dtype)
         parts, start = [], 0
         for size in sizes:

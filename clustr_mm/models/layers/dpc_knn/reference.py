@@ -149,7 +149,7 @@ def density(knn_d: torch.Tensor, tie: torch.Tensor, channels: int,
     return rho
 
 
-def ahead(values: torch.Tensor) -> torch.Tensor:
+def precedes(values: torch.Tensor) -> torch.Tensor:
     """(G, n, n) bool: ``[g, i, j]`` = token j comes before token i in the
     descending order of ``values`` (G, n), ties to the lower index.
 
@@ -171,14 +171,14 @@ def descending_order(values: torch.Tensor, num: int,
     """(G, num) indices of the ``num`` largest of ``values`` (G, n), in
     descending order, ties to the lower index (a stable sort's order).
 
-    ``pairwise``: from :func:`ahead` (an (n, n) block, no sort: what the
+    ``pairwise``: from :func:`precedes` (an (n, n) block, no sort: what the
     reference, and so an exported graph, uses) instead of ``torch.sort``.
     """
     if not pairwise:
         return torch.sort(values, dim=1, descending=True,
                           stable=True).indices[:, :num]
-    # rank[i] = tokens ahead of i, a permutation of 0..n-1; order[rank[i]] = i
-    rank = ahead(values).sum(-1)
+    # rank[i] = tokens preceding i, a permutation of 0..n-1; order[rank[i]] = i
+    rank = precedes(values).sum(-1)
     positions = torch.arange(values.shape[1], device=values.device)
     order = torch.zeros_like(rank).scatter_(
         1, rank, positions.expand_as(rank))
@@ -278,8 +278,8 @@ def dpc_knn_reference(x: torch.Tensor, counts: Sequence[int], k: int,
     record(probe, knn=knn_d)
     rho = density(knn_d, tie, c, windows, first)
     # 3. Distance to the nearest denser token; equal densities: the lower
-    # index is denser (pairwise comparisons, see ahead()).
-    delta2 = d2.masked_fill(~ahead(rho), inf).amin(-1)
+    # index is denser (pairwise comparisons, see precedes()).
+    delta2 = d2.masked_fill(~precedes(rho), inf).amin(-1)
     # 4. Score and centers.
     centers = centers_by_score(rho, delta2, dmax2, tie, c, max(counts),
                                windows, pairwise=True)
