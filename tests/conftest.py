@@ -36,6 +36,28 @@ MODEL_CONFIGS = sorted(
     p for p in (ROOT / 'configs').glob('*/*.py')
     if p.parent.name != 'deploy' and not p.parent.name.startswith('_'))
 
+# What each config is for, as the metafiles state it (not its file name):
+# ``TRAINING_DATA[path]`` is its 'Training Data' ('ImageNet-1k', 'COCO',
+# 'ADE20K (embedded tiny data)', ...).
+def _training_data():
+    import yaml
+    return {model['Config']: model['Metadata']['Training Data']
+            for metafile in sorted((ROOT / 'configs').glob('*/metafile.yml'))
+            for model in yaml.safe_load(metafile.read_text())['Models']}
+
+
+TRAINING_DATA = _training_data()
+EMBEDDED_MARK = ' (embedded tiny data)'
+
+
+def is_embedded(path) -> bool:
+    """Whether a config trains on the embedded tiny data (its metafile
+    entry says so)."""
+    rel = str(Path(path).resolve().relative_to(ROOT)) if Path(
+        path).is_absolute() else str(path)
+    return TRAINING_DATA[rel].endswith(EMBEDDED_MARK)
+
+
 # pytest-xdist: this worker's share of the cores (all of them without xdist)
 WORKERS = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1'))
 THREADS = max(1, (os.cpu_count() or 1) // WORKERS)
@@ -71,10 +93,11 @@ def pytest_collection_modifyitems(config, items):
 def _dispatch_rank(item) -> int:
     """Longest first, so that no worker is left with a long test at the end
     (tools/run_tests.sh hands tests out one at a time, --maxschedchunk 1):
-    the detection learning runs (5-6 min each), the other slow tests, the
+    the tests marked longest (the detection learning runs, 5-6 min each),
+    the other slow tests, the
     slow tests that wait for a learning run's checkpoint (after it is made),
     then the fast ones."""
-    if item.originalname == 'test_detection_learns':
+    if item.get_closest_marker('longest'):
         return 0
     if item.get_closest_marker('slow'):
         waits = LEARNING_STACK and 'learning_run' in item.fixturenames

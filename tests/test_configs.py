@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import MODEL_CONFIGS, load_config
+from conftest import MODEL_CONFIGS, TRAINING_DATA, is_embedded, load_config
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
@@ -121,7 +121,7 @@ def release_file(cfg):
     (whether or not it was published), or None for a kind of model the
     release has none of."""
     model, backbone = cfg.model, cfg.model.backbone
-    if backbone.type != 'PaCaViT' or 'embedded' in cfg.filename:
+    if backbone.type != 'PaCaViT' or is_embedded(cfg.filename):
         return None
     variant = release_variant(backbone)
     if variant is None:
@@ -174,7 +174,7 @@ def test_config_builds(path):
     assert type(model.backbone).__name__ == backbone.type
     # No weights of the inherited base (e.g. the Swin base's URL) linger.
     assert not cfg.get('pretrained'), cfg.pretrained
-    if 'embedded' not in path:
+    if not is_embedded(path):
         init = backbone.get('init_cfg') or {}
         if cfg.default_scope != 'mmpretrain':
             # Downstream configs fine-tune from the ImageNet checkpoint.
@@ -187,9 +187,9 @@ def test_config_builds(path):
         assert abs(params - published) <= PARAMS_TOL.get(path, 0.06), params
 
 
-# ImageNet configs are named *_in1k (checked below against their scope).
-IMAGENET = [p for p in CONFIGS if p.endswith('_in1k.py')]
-DOWNSTREAM = [p for p in CONFIGS if 'embedded' not in p and p not in IMAGENET]
+# by what the metafiles say each config trains on
+IMAGENET = [p for p in CONFIGS if TRAINING_DATA[p] == 'ImageNet-1k']
+DOWNSTREAM = [p for p in CONFIGS if not is_embedded(p) and p not in IMAGENET]
 
 
 @pytest.mark.parametrize('path', DOWNSTREAM)
@@ -264,7 +264,8 @@ def test_readme_first_snippet_builds_from_the_release(tmp_path):
     assert abs(params - 41.8) <= 0.06  # the release's detector (41.812)
 
 
-PACA_IMAGENET = [p for p in IMAGENET if 'paca' in Path(p).name]
+PACA_IMAGENET = [p for p in IMAGENET
+                 if load_config(p).model.backbone.type == 'PaCaViT']
 
 
 def test_imagenet_evaluation_is_the_releases(tmp_path):
@@ -322,7 +323,9 @@ def test_mask_rcnn_augmentation_is_the_releases():
     # every PaCa Mask R-CNN config of the release's recipe trains this way
     # (the embedded one resizes its tiny images to one size instead)
     for other in CONFIGS:
-        if 'mask-rcnn_paca' in other and 'embedded' not in other:
+        model = load_config(other).model
+        if (model.type == 'MaskRCNN' and model.backbone.type == 'PaCaViT'
+                and not is_embedded(other)):
             assert load_config(other).train_dataloader.dataset \
                 .pipeline == pipeline, other
     importlib.import_module('mmdet.utils').register_all_modules(False)
@@ -401,7 +404,8 @@ def test_warmup_cosine_refuses_what_it_cannot_follow():
             WarmupCosineLR(wrapper, **kwargs)
 
 
-CLUSTR_IMAGENET = [p for p in IMAGENET if Path(p).name.startswith('clustr')]
+CLUSTR_IMAGENET = [p for p in IMAGENET
+                   if load_config(p).model.backbone.type == 'ClusTR']
 
 
 @pytest.mark.parametrize('path', IMAGENET)
@@ -451,7 +455,7 @@ def test_documented_train_commands_use_the_official_precision():
         for match in re.finditer(
                 r'(?:tools/train\.py|tools/dist_train\.sh) (configs/\S+)'
                 r'[^\n`]*', text):
-            if 'embedded' not in match[1]:
+            if match[1] in TRAINING_DATA and not is_embedded(match[1]):
                 commands.append((doc.name, match[0]))
     assert len(commands) >= 8, commands
     missing = [c for c in commands if '--amp' not in c[1]]

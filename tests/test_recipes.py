@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import MODEL_CONFIGS, load_config
+from conftest import MODEL_CONFIGS, TRAINING_DATA, load_config
 from mmengine.optim import OptimWrapper, build_optim_wrapper
 from mmengine.registry import PARAM_SCHEDULERS, DefaultScope
 from test_configs import ROOT, build_model, release_file
@@ -16,14 +16,6 @@ from test_configs import ROOT, build_model, release_file
 TABLE = yaml.safe_load((ROOT / 'configs/official_recipes.yml').read_text())
 ROWS = {path: dict(TABLE['recipes'][row['recipe']], **row)
         for path, row in TABLE['configs'].items()}
-
-
-# each config's 'Training Data' in the metafiles ('... (embedded tiny data)'
-# for the configs that train on the tiny data)
-TRAINING_DATA = {
-    model['Config']: model['Metadata']['Training Data']
-    for metafile in sorted(ROOT.glob('configs/*/metafile.yml'))
-    for model in yaml.safe_load(metafile.read_text())['Models']}
 
 
 def _reproduces_a_release(path):

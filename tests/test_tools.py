@@ -200,6 +200,7 @@ DETECTION_BARS = {'coco/bbox_mAP_50': 0.3, 'coco/segm_mAP': 0.15}
 # the same ops for a sixth of the time)
 @pytest.mark.parametrize('backbone', ['clustr', 'paca'])
 @pytest.mark.slow
+@pytest.mark.longest
 def test_detection_learns(backbone, learning_run):
     """bbox mAP50 and segm mAP from the untrained model's (its random
     weights: 0) to far above it; a backbone returning channels-last maps
