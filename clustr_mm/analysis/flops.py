@@ -56,6 +56,8 @@ from mmengine.analysis import FlopAnalyzer
 from mmengine.analysis.jit_handles import get_shape
 from torch import nn
 
+from ..protocols import clustering_ops, flop_kind
+
 
 def _prod(shape):
     out = 1
@@ -262,9 +264,9 @@ def _library_kinds() -> List[Tuple[type, str]]:
 
 def _marked_kind(module: Optional[nn.Module],
                  library: List[Tuple[type, str]]) -> Optional[str]:
-    """The ``flop_kind`` a module is marked with (ours: a class or instance
-    attribute; the mm libraries': by class), or None."""
-    kind = getattr(module, 'flop_kind', None)
+    """The ``flop_kind`` a module is marked with (ours: declared as
+    :mod:`clustr_mm.protocols` says; the mm libraries': by class), or None."""
+    kind = flop_kind(module)
     if kind is None and module is not None:
         kind = next((k for cls, k in library if isinstance(module, cls)),
                     None)
@@ -284,7 +286,7 @@ def _kind(path: List[str], modules: Dict[str, nn.Module], op: str,
         if kind is None:
             continue
         if kind == 'attention':
-            if op in getattr(module, 'clustering_ops', ()):
+            if op in clustering_ops(module):
                 return 'clustering'  # PaCa: assignment @ tokens
             return ('attention products' if op in ATTENTION_PRODUCT_OPS
                     else 'attention projections')

@@ -16,6 +16,8 @@ import os
 import os.path as osp
 from typing import Iterable, List, Optional, Tuple
 
+from ..protocols import backbone_strides
+
 MAX_JSON_BYTES = 64 << 20
 MAX_LABEL_MAPS = 200
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.webp', '.tif', '.tiff')
@@ -226,8 +228,9 @@ def _model_stride(model) -> Optional[int]:
     necks), or None for modules this check does not know."""
     from ..models import backbones, necks
     backbone = _get(model, 'backbone') or {}
-    cls = getattr(backbones, _strip_scope(_get(backbone, 'type')), None)
-    if cls is None:
+    strides = backbone_strides(
+        getattr(backbones, _strip_scope(_get(backbone, 'type')), None))
+    if strides is None:
         return None
     indices = _get(backbone, 'out_indices', (0, 1, 2, 3))
     indices = [indices] if isinstance(indices, int) else list(indices)
@@ -236,8 +239,8 @@ def _model_stride(model) -> Optional[int]:
         neck_cls = getattr(necks, _strip_scope(_get(neck, 'type')), None)
         if neck_cls is None:
             return None
-        return cls.strides[indices[neck_cls.output_level]]
-    return cls.strides[indices[-1]]  # mmpose's heads read the last map
+        return strides[indices[neck_cls.output_level]]
+    return strides[indices[-1]]  # mmpose's heads read the last map
 
 
 def check_pose_model(cfg, dataset) -> None:

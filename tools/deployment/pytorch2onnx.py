@@ -64,6 +64,7 @@ from mmengine.config import Config, DictAction  # noqa: E402
 from torch import nn  # noqa: E402
 
 import clustr_mm  # noqa: E402,F401  (registers the backbones)
+from clustr_mm.protocols import graph_static_hw  # noqa: E402
 from clustr_mm.engine.cli_args import (  # noqa: E402
     positive_float, positive_int)
 
@@ -204,10 +205,10 @@ class TensorPath(nn.Module):
 def static_hw_reason(module: nn.Module) -> Optional[str]:
     """Why a graph of ``module`` is right only at its export height and
     width (None: it is not). Layers say so with a true ``graph_static_hw``
-    attribute (ClusTR's DPC-kNN clustering: its windows and cluster counts
-    are fixed when traced)."""
+    (:mod:`clustr_mm.protocols`; ClusTR's DPC-kNN clustering: its windows
+    and cluster counts are fixed when traced)."""
     names = sorted({type(m).__name__ for m in module.modules()
-                    if getattr(m, 'graph_static_hw', False)})
+                    if graph_static_hw(m)})
     if not names:
         return None
     return (f'{", ".join(names)} fixes the clustering windows and cluster '

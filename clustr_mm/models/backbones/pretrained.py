@@ -19,6 +19,7 @@ from mmengine.logging import print_log
 from mmengine.runner.checkpoint import CheckpointLoader
 from torch import nn
 
+from ...protocols import state_dict_upgrade
 from ...registry import skip_note
 
 StateDict = Dict[str, torch.Tensor]
@@ -97,7 +98,7 @@ def load_backbone_state(model: nn.Module,
                 f'keys: {list(state_dict)[:5]}; {type(model).__name__} '
                 f'expects keys like {list(own)[:3]} under it')
         state_dict = selected
-    upgrade = getattr(model, 'upgrade_state_dict', None)
+    upgrade = state_dict_upgrade(model)
     if upgrade is not None:
         state_dict = upgrade(state_dict)
     loadable, mismatched = {}, {}
