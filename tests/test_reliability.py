@@ -255,6 +255,10 @@ def test_nan_check_passes(config, amp, tiny_data, tmp_path):
     assert result['ok'] and result['checked'] == 10, result
     dtype = 'torch.bfloat16' if amp else 'torch.float32'
     assert result['linear_dtype'] == dtype, result
+    # the record says what applied (issue 39, item 7)
+    assert result['device'] == 'cpu'
+    assert result['optim_wrapper'] == (
+        'CPUAmpOptimWrapper' if amp else 'OptimWrapper'), result
 
 
 @pytest.mark.slow

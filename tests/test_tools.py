@@ -8,9 +8,9 @@ import time
 
 import pytest
 import torch
-from conftest import (LEARNING_RUN, LEARNING_STACK, ROOT, SHORT_RUN,
-                      free_port, learning_result, load_tool, logged_losses,
-                      run_tool, tool_env)
+from conftest import (DETECTION_EPOCHS, LEARNING_RUN, LEARNING_STACK, ROOT,
+                      SHORT_RUN, free_port, learning_result, load_tool,
+                      logged_losses, run_tool, tool_env)
 
 import clustr_mm  # noqa: F401  (allow-lists runner checkpoint types)
 
@@ -211,6 +211,9 @@ def test_detection_learns(backbone, learning_run):
     config = DETECTION[backbone]
     work_dir, ckpt, result = learning_run(config)
     start, end = result['start_metrics'], result['end_metrics']
+    # the record says what ran (the seed the test set, epochs trained)
+    assert result['seed'] == 0 and result['epochs'] == DETECTION_EPOCHS, \
+        result
     assert result['weight_change']['backbone'] >= DETECTION_BACKBONE_CHANGE, \
         result
     for key, bar in DETECTION_BARS.items():

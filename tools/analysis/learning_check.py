@@ -75,7 +75,11 @@ def main(argv=None):
                    start=start[args.metric], end=end[args.metric], gain=gain,
                    # every metric of both evaluations (e.g. segm beside bbox)
                    start_metrics=_numbers(start), end_metrics=_numbers(end),
-                   weight_change=weight_change(before, model))
+                   weight_change=weight_change(before, model),
+                   # what the run was: iterations and epochs trained, the
+                   # seed that applied, the device
+                   iters=runner.iter, epochs=runner.epoch, seed=runner.seed,
+                   device=str(next(model.parameters()).device))
     print('[learning] ' + json.dumps(summary))
     return 0 if gain >= args.min_gain and gain > 0 else 1
 

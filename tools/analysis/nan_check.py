@@ -154,7 +154,14 @@ def main(argv=None):
         except ValueError as err:
             raise SystemExit(str(err))
     hook = FiniteCheckHook()
-    summary = dict(config=args.config, iters=args.iters, amp=args.amp)
+    # what applies, not only what was asked: the device, and the optimizer
+    # wrapper (mixed precision) that --amp resolved to there
+    summary = dict(config=args.config, iters=args.iters, amp=args.amp,
+                   device=(torch.cuda.get_device_name()
+                           if torch.cuda.is_available() else 'cpu'),
+                   optim_wrapper=cfg.optim_wrapper.get('type',
+                                                       'OptimWrapper'),
+                   amp_dtype=cfg.optim_wrapper.get('dtype'))
     start = time.time()
     try:
         run_short(cfg, args.iters, [hook], work_dir=args.work_dir)
