@@ -563,9 +563,12 @@ def test_every_shipped_pose_config_passes_the_model_check():
 
 
 # --- a run that cannot learn stops (issue 39, item 1) -------------------------
-def _runner(dataset_len=4, max_iters=100):
+def _runner(dataset_len=4, max_iters=100, model=None, lr=0.1):
+    model = model or torch.nn.Linear(2, 2)
     return SimpleNamespace(
-        max_iters=max_iters,
+        max_iters=max_iters, model=model,
+        optim_wrapper=SimpleNamespace(param_groups=torch.optim.SGD(
+            model.parameters(), lr=lr).param_groups),
         train_dataloader=SimpleNamespace(dataset=[0] * dataset_len),
         cfg=Config(dict(train_dataloader=dict(dataset=dict(
             type='RepeatDataset', dataset=dict(
@@ -609,6 +612,20 @@ def test_a_loss_of_exactly_zero_from_the_start_stops_the_run():
     for bad in (-1, 2.5, True, '10'):
         with pytest.raises(ValueError, match='zero_loss_iters must be an int'):
             FailFastHook(zero_loss_iters=bad)
+
+
+def test_a_model_with_nothing_to_train_stops_the_run():
+    from clustr_mm.engine.fail_fast_hook import (CannotLearnError,
+                                                 FailFastHook)
+    model = torch.nn.Linear(2, 2)
+    FailFastHook().before_train(_runner(model=model))
+    with pytest.raises(CannotLearnError, match='every parameter group '
+                       'trains with a learning rate of 0'):
+        FailFastHook().before_train(_runner(model=model, lr=0.0))
+    model.requires_grad_(False)
+    with pytest.raises(CannotLearnError, match='no parameter of the model '
+                       'requires a gradient'):
+        FailFastHook().before_train(_runner(model=model))
 
 
 def test_an_empty_training_set_stops_the_run():

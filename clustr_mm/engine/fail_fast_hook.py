@@ -57,7 +57,9 @@ class FailFastHook(Hook):
     host for logging, so the check adds no device synchronisation.
 
     A run that cannot learn stops too, before anything is saved: an empty
-    training set (every entry filtered out), and a loss of exactly 0 in each
+    training set (every entry filtered out), a model with nothing to train
+    (every parameter frozen, or every learning rate 0), and a loss of
+    exactly 0 in each
     of the first ``zero_loss_iters`` iterations (or in all of a shorter run,
     or of the first epoch): no real target gives that, while targets that
     all weigh 0 do (mmpose turns a NaN person box into target weights of 0).
@@ -85,6 +87,23 @@ class FailFastHook(Hook):
                 'entries after its filters (filter_cfg='
                 f'{getattr(dataset, "filter_cfg", None)}); nothing to train '
                 'on')
+        model = runner.model.module if is_model_wrapper(
+            runner.model) else runner.model
+        if not any(p.requires_grad for p in model.parameters()):
+            raise CannotLearnError(
+                'no parameter of the model requires a gradient (every part '
+                'frozen: frozen_stages, requires_grad=False, norm_eval...); '
+                'nothing would be learned')
+        # (an OptimWrapperDict of several optimizers has no param_groups of
+        # its own: each of its wrappers is checked by its own training)
+        groups = getattr(runner.optim_wrapper, 'param_groups', [])
+        rates = [g.get('initial_lr', g.get('lr')) for g in groups
+                 if any(p.requires_grad for p in g['params'])]
+        if rates and all(r == 0 for r in rates):
+            raise CannotLearnError(
+                'every parameter group trains with a learning rate of 0 '
+                '(optim_wrapper.optimizer.lr, or lr_mult=0 in '
+                'optim_wrapper.paramwise_cfg): nothing would be learned')
 
     def _zero_loss(self, runner, seen: str) -> CannotLearnError:
         return CannotLearnError(
