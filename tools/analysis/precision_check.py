@@ -91,8 +91,10 @@ def precision_check(arch='small', mode='exact', size=224, images=4,
                  tf32x3_pct=100 * r['tf32x3'] / r['ids'],
                  fp32_reordered_pct=100 * r['reordered'] / r['ids'])
             for s, r in sorted(stats.items())]
+    # what ran: the CPU, fp32 tokens, 3xTF32 emulated (not a GPU kernel)
     return dict(arch=arch, mode=mode, size=size, inputs=source,
-                torch=torch.__version__, stages=rows)
+                torch=torch.__version__, device='cpu', dtype='float32',
+                tf32x3='emulated in torch', stages=rows)
 
 
 def main(argv=None):
