@@ -12,6 +12,8 @@ from conftest import MODEL_CONFIGS, TRAINING_DATA, is_embedded, load_config
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
+from clustr_mm.checkpoints.paca_official import RELEASE_URL, release_variant
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = [str(p.relative_to(ROOT)) for p in MODEL_CONFIGS]
 
@@ -47,7 +49,7 @@ PARAMS_TOL = {'configs/ablations/paca-s-per-block_8xb128_in1k.py': 0.15}
 # small-teacher row to the tiny-teacher file), so neither of those two models
 # has a file here. The ADE20K stage-/block-wise files are PaCa-head models
 # despite their name. tests/data/paca_release_keys.json lists the same 38.
-RELEASE = 'https://github.com/iVMCL/PaCaViT/releases/download/pacavit/'
+RELEASE = RELEASE_URL
 _SMALL_ABLATIONS = ['2_0', '49_0', '49_100', '100_49', '100_blockwise']
 RELEASE_FILES = frozenset(
     [f'IMNET_224_pacavit_{v}.pth' for v in (
@@ -68,37 +70,6 @@ RELEASE_FILES = frozenset(
         *(('upernet', f'small_p2cconv_{a}')
           for a in ('2_0', '49_0', '49_100', '100_49', '100', '100_blockwise'))
     )])
-# The release's names for PaCa-ViT cluster counts per stage (segmentors are
-# named by the classifier they fine-tune: release_file).
-_CLUSTER_NAMES = {(100, 100, 100, 0): '100_0', (2, 2, 2, 0): '2_0',
-                  (49, 49, 49, 0): '49_0', (49, 64, 81, 100): '49_100',
-                  (100, 81, 64, 49): '100_49', (100, 100, 100, 100): '100'}
-
-
-# Backbone arguments that the release's names encode or that do not change
-# the model; any other (e.g. a token reducer of ours) makes it a model the
-# release does not have.
-_NAMED_ARGS = {'type', 'arch', 'clustering', 'num_clusters',
-               'clustering_interval', 'drop_path_rate', 'out_indices',
-               'init_cfg', 'frozen_stages', 'norm_eval', '_delete_'}
-
-
-def release_variant(backbone):
-    """The release's name of a PaCa-ViT backbone setting, e.g.
-    'small_p2cconv_100_0', or None for one the release has no name for."""
-    if set(backbone) - _NAMED_ARGS:
-        return None
-    arch = backbone.get('arch', 'small')
-    clustering = backbone.get('clustering', 'conv')
-    if clustering == 'teacher':
-        return f'convmixer_{arch}_100'
-    clusters = tuple(backbone.get('num_clusters', (100, 100, 100, 0)))
-    name = _CLUSTER_NAMES.get(clusters, 'unnamed')
-    if backbone.get('clustering_interval') == 1:
-        name += '_blockwise'
-    return f'{arch}_p2c{clustering}_{name}'
-
-
 def imagenet_variant(cfg):
     """The release's name of the classifier a downstream PaCa-ViT config
     fine-tunes from: the release file's, or for a local path the

@@ -68,3 +68,18 @@ def test_todays_keys_need_no_converter():
         assert find_converter(state) is None
         assert find_converter({f'backbone.{k}': v
                                for k, v in state.items()}) is None
+
+
+def test_release_variant_names_the_release_models():
+    from clustr_mm.checkpoints.paca_official import release_variant
+    assert release_variant(dict(arch='small')) == 'small_p2cconv_100_0'
+    assert release_variant(dict(arch='tiny', clustering='teacher')) == \
+        'convmixer_tiny_100'
+    assert release_variant(dict(arch='small', num_clusters=(100,) * 4,
+                                clustering_interval=1)) == \
+        'small_p2cconv_100_blockwise'
+    assert release_variant(dict(arch='small', num_clusters=(7, 7, 7, 0))) \
+        == 'small_p2cconv_unnamed'
+    # settings the release has no model of
+    assert release_variant(dict(arch='small', reducers=dict())) is None
+    assert release_variant(dict(arch=dict(depths=(1, 1, 1, 1)))) is None

@@ -223,3 +223,39 @@ def paca_official_layout(state: Mapping) -> Optional[str]:
         return BACKBONE_ONLY
     return None
 
+
+
+# The release's own names (github.com/iVMCL/PaCaViT/releases): where its
+# files live and how a model's setting is named in them, e.g.
+# IMNET_224_pacavit_<variant>.pth with variant 'small_p2cconv_100_0'.
+RELEASE_URL = 'https://github.com/iVMCL/PaCaViT/releases/download/pacavit/'
+# cluster counts per stage -> the name's last part
+RELEASE_CLUSTER_NAMES = {
+    (100, 100, 100, 0): '100_0', (2, 2, 2, 0): '2_0', (49, 49, 49, 0): '49_0',
+    (49, 64, 81, 100): '49_100', (100, 81, 64, 49): '100_49',
+    (100, 100, 100, 100): '100'}
+# Backbone arguments that the names encode or that do not change the model;
+# any other (e.g. a token reducer of ours) makes a model the release lacks.
+RELEASE_NAMED_ARGS = frozenset({
+    'type', 'arch', 'clustering', 'num_clusters', 'clustering_interval',
+    'drop_path_rate', 'out_indices', 'init_cfg', 'frozen_stages',
+    'norm_eval', '_delete_'})
+
+
+def release_variant(backbone: Mapping) -> Optional[str]:
+    """The release's name of a PaCa-ViT backbone setting (its constructor
+    arguments), e.g. 'small_p2cconv_100_0'; None for a setting the release
+    has no name for. Counts the release never used give 'unnamed'."""
+    if set(backbone) - RELEASE_NAMED_ARGS:
+        return None
+    arch = backbone.get('arch', 'small')
+    if not isinstance(arch, str):
+        return None
+    clustering = backbone.get('clustering', 'conv')
+    if clustering == 'teacher':
+        return f'convmixer_{arch}_100'
+    clusters = tuple(backbone.get('num_clusters', (100, 100, 100, 0)))
+    name = RELEASE_CLUSTER_NAMES.get(clusters, 'unnamed')
+    if backbone.get('clustering_interval') == 1:
+        name += '_blockwise'
+    return f'{arch}_p2c{clustering}_{name}'

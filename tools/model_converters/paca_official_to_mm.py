@@ -28,7 +28,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', '..'))
 from clustr_mm.models.backbones.paca import PaCaViT  # noqa: E402
 from clustr_mm.checkpoints import (  # noqa: E402
     compare_state_dicts, infer_paca_config, load_checkpoint_file)
-from clustr_mm.checkpoints.paca_official import SIGNATURE  # noqa: E402
+from clustr_mm.checkpoints.paca_official import (  # noqa: E402
+    SIGNATURE, release_variant)
 from clustr_mm.engine.cli_args import positive_int  # noqa: E402
 
 
@@ -74,6 +75,9 @@ def main(argv=None) -> int:
 
     print(f'source: {meta["converted_from"]["layout"]}')
     print(f'model: PaCaViT({config})')
+    variant = release_variant(config)
+    if variant is not None:
+        print(f'the release names this model {variant!r}')
     print(f'matched: {len(report["matched"])}')
     _print_keys('missing (in model, not in checkpoint)', report['missing'])
     _print_keys('unexpected (converted, not in model)', report['unexpected'])
