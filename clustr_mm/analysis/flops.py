@@ -158,23 +158,23 @@ def dpc_knn_macs(reducer: nn.Module, batch: int, channels: int,
     h, w = int(hw[0]), int(hw[1])
     layout = WindowLayout((h, w), reducer.window_size, reducer.sr_ratio,
                           reducer.scale_factors, plan=TRACE_PLAN)
-    todo = layout.clustered
+    scales = layout.clustered
     out = Counter(dict.fromkeys(CLUSTERING_OPS, 0))
-    if not todo:
+    if not scales:
         return out
     c, k = channels, reducer.k
     # The algorithm's work, window by window: what a jit trace runs
     # (dpc_knn.TRACE_PLAN). A GPU runs more where it pads border
     # windows, a CPU where it recomputes distances to denser tokens.
     for i, n in enumerate(layout.tokens):
-        counts = [layout.counts[s][i] for s in todo]
+        counts = [layout.counts[s][i] for s in scales]
         if all(cnt == n for cnt in counts):
             continue  # every clustered scale is the identity here
         big_k = max(counts)
         out['clustering.distances'] += batch * (n * n + n * big_k) * (c + 2)
         out['clustering.selection'] += batch * (2 * n * n + n * min(k, n) +
                                                 2 * n + n * sum(counts))
-    out['clustering.merge'] += len(todo) * batch * h * w * (c + 1)
+    out['clustering.merge'] += len(scales) * batch * h * w * (c + 1)
     return out
 
 

@@ -69,7 +69,7 @@ def merge_clusters(x: torch.Tensor, w: torch.Tensor, ids: ClusterIds,
     dtype = dtype or x.dtype
     if not b:  # empty batch (a size, not data: no sync)
         return [x.new_zeros(0, m, c, dtype=dtype) for m in layout.totals]
-    todo = layout.clustered
+    scales = layout.clustered
     with torch.autocast(x.device.type, enabled=False):
         x, w = x.float(), w.float()
         weighted = torch.cat([x * w, w], -1)
@@ -93,8 +93,8 @@ def merge_clusters(x: torch.Tensor, w: torch.Tensor, ids: ClusterIds,
                 else:
                     total = total.index_add(0, index, src)
             sums.append(total)
-            sizes += [b * layout.totals[s] for s in todo]
-        if len(todo) < len(layout.identity):
+            sizes += [b * layout.totals[s] for s in scales]
+        if len(scales) < layout.num_scales:
             sums.append(weighted.reshape(-1, c + 1))
             sizes.append(b * n)
         sums = concat_chunks(sums, 0)
@@ -103,8 +103,8 @@ def merge_clusters(x: torch.Tensor, w: torch.Tensor, ids: ClusterIds,
         for size in sizes:
             parts.append(merged[start:start + size].view(b, size // b, c))
             start += size
-    out = [parts[-1]] * len(layout.identity)  # the identity scales'
-    for s, part in zip(todo, parts):
+    out = [parts[-1]] * layout.num_scales  # the identity scales'
+    for s, part in zip(scales, parts):
         out[s] = part
     return out
 
