@@ -150,16 +150,9 @@ class CheckpointCoverageHook(Hook):
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         model = runner.model.module if is_model_wrapper(
             runner.model) else runner.model
-        report = load_coverage(model, checkpoint)
-        if not (report['missing'] or report['mismatched']
-                or report['unexpected']):
-            return
         source = runner.cfg.get('load_from') or 'the checkpoint'
-        text = describe_coverage(report, model, f'checkpoint {source}')
-        if runner.cfg.get(OPTION, False):
-            runner.logger.warning(f'{text} Loading it anyway ({OPTION}).')
-            return
-        raise PartialLoadError(f'{text} {_REFUSAL}')
+        _refuse_partial(runner, model, load_coverage(model, checkpoint),
+                        f'checkpoint {source}', 'Loading it anyway')
 
     def before_train(self, runner) -> None:
         """A ``Pretrained`` init of a module other than our backbones, when
@@ -175,22 +168,30 @@ class CheckpointCoverageHook(Hook):
             if isinstance(module, PyramidBackbone):
                 continue
             for entry in _pretrained_entries(module):
-                report = load_coverage(module, pretrained_state(entry))
-                if not (report['missing'] or report['mismatched']
-                        or report['unexpected']):
-                    continue
                 where = f'model.{name}' if name else 'model'
-                text = describe_coverage(
-                    report, module, f'{where}.init_cfg Pretrained '
-                    f'{entry["checkpoint"]}')
-                if runner.cfg.get(OPTION, False):
-                    runner.logger.warning(
-                        f'{text} Training from it anyway ({OPTION}).')
-                    continue
-                raise PartialLoadError(
-                    f'{text} To fine-tune one part of the model, give that '
+                _refuse_partial(
+                    runner, module,
+                    load_coverage(module, pretrained_state(entry)),
+                    f'{where}.init_cfg Pretrained {entry["checkpoint"]}',
+                    'Training from it anyway',
+                    hint='To fine-tune one part of the model, give that '
                     "part the entry (e.g. model.backbone.init_cfg with "
-                    "prefix='backbone.'). " + _REFUSAL)
+                    "prefix='backbone.'). ")
+
+
+def _refuse_partial(runner, module: nn.Module, report: Dict[str, List],
+                    source: str, anyway: str, hint: str = '') -> None:
+    """Raise :class:`PartialLoadError` for a load that leaves tensors of
+    ``module`` out or checkpoint tensors unused (``report``:
+    :func:`load_coverage`); with ``allow_partial_load``, a warning."""
+    if not (report['missing'] or report['mismatched']
+            or report['unexpected']):
+        return
+    text = describe_coverage(report, module, source)
+    if runner.cfg.get(OPTION, False):
+        runner.logger.warning(f'{text} {anyway} ({OPTION}).')
+        return
+    raise PartialLoadError(f'{text} {hint}{_REFUSAL}')
 
 
 _REFUSAL = (

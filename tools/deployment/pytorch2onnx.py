@@ -102,19 +102,16 @@ def build_model(cfg: Config) -> Tuple[nn.Module, Optional[str]]:
 def load_weights(module: nn.Module, checkpoint: str, backbone: bool) -> None:
     """Load ``checkpoint`` strictly into ``module`` (for a backbone, the
     ``backbone.`` keys of a whole-model file, else the file's keys)."""
-    from clustr_mm.checkpoints import read_checkpoint
+    from clustr_mm.checkpoints import compare_state_dicts, read_checkpoint
     state = read_checkpoint(checkpoint)
     if backbone and any(k.startswith('backbone.') for k in state):
         state = {k[len('backbone.'):]: v for k, v in state.items()
                  if k.startswith('backbone.')}
-    own = module.state_dict()
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
     # checked here: load_state_dict raises one raw 'size mismatch' line per
     # tensor even with strict=False (another model family: dozens)
-    resized = [f'{k}: file {tuple(state[k].shape)}, model '
-               f'{tuple(own[k].shape)}' for k in own
-               if k in state and state[k].shape != own[k].shape]
+    report = compare_state_dicts(state, module.state_dict())
+    missing, unexpected = report['missing'], report['unexpected']
+    resized = report['shape_mismatch']  # 'key: (file) vs (model)'
     if missing or unexpected or resized:
         raise ExportError(
             f'{checkpoint} does not fit the exported '
