@@ -14,6 +14,7 @@ import json
 import math
 import os
 import os.path as osp
+from fractions import Fraction
 from typing import Iterable, List, Optional, Tuple
 
 from ..protocols import backbone_strides
@@ -32,7 +33,7 @@ def _get(node, key, default=None):
     return node.get(key, default) if hasattr(node, 'get') else default
 
 
-def _datasets(dataset) -> Iterable:
+def leaf_datasets(dataset) -> Iterable:
     """The leaf dataset configs under wrappers (Repeat, ClassBalanced,
     Concat)."""
     if not hasattr(dataset, 'get'):
@@ -43,7 +44,7 @@ def _datasets(dataset) -> Iterable:
         return
     for item in inner:
         for leaf in (item if isinstance(item, (list, tuple)) else [item]):
-            yield from _datasets(leaf)
+            yield from leaf_datasets(leaf)
 
 
 def _join(root: str, path: str) -> str:
@@ -261,19 +262,18 @@ def check_pose_model(cfg, dataset) -> None:
                 'keypoint')
     codec = _get(head, 'decoder') or {}
     size, heatmap = _get(codec, 'input_size'), _get(codec, 'heatmap_size')
-    stride = _model_stride(model)
-    if not size or not heatmap or stride is None:
+    backbone = _model_stride(model)
+    if not size or not heatmap or backbone is None:
         return
     deconvs = len(_get(head, 'deconv_out_channels') or ())
-    if stride % (2 ** deconvs) == 0:
-        stride //= 2 ** deconvs
-    expected = tuple(s // stride for s in size)
+    stride = Fraction(backbone, 2 ** deconvs)  # input pixels per heatmap px
+    expected = tuple(int(s // stride) for s in size)
     if tuple(heatmap) != expected or any(s % stride for s in size):
         raise DataCheckError(
             f'codec: heatmap_size {tuple(heatmap)} is not input_size '
             f'{tuple(size)} / {stride} = {expected}, the size of the maps '
-            f'the model predicts (backbone stride {stride * 2 ** deconvs}, '
-            f'{deconvs} 2x deconvolutions in the head); set heatmap_size to '
+            f'the model predicts (backbone stride {backbone}, {deconvs} 2x '
+            'deconvolutions in the head); set heatmap_size to '
             f'{expected} or input_size to a multiple of {stride}')
 
 
@@ -369,5 +369,5 @@ def check_data(cfg, loaders: Iterable[str]) -> None:
         loader = cfg.get(name)
         if not loader:
             continue
-        for dataset in _datasets(_get(loader, 'dataset')):
+        for dataset in leaf_datasets(_get(loader, 'dataset')):
             check_dataset(cfg, dataset, name.replace('_dataloader', ''))

@@ -15,23 +15,26 @@ from mmengine.hooks import CheckpointHook, Hook
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 
+from .data_checks import leaf_datasets
+
 
 class DivergedError(FloatingPointError):
     """Training produced a non-finite loss or non-finite weights."""
 
 
 class CannotLearnError(RuntimeError):
-    """The run has nothing to learn from: an empty training set, or a loss
-    of exactly 0 from the start (every target weighted 0)."""
+    """The run has nothing to learn: an empty training set, no trainable
+    parameter, every learning rate 0, or a loss of exactly 0 from the start
+    (every target weighted 0)."""
 
 
 def _train_data(runner) -> str:
-    """'ann_file (Type)' of the training set, through dataset wrappers."""
-    dataset = (runner.cfg.get('train_dataloader') or {}).get('dataset') or {}
-    while 'dataset' in dataset:
-        dataset = dataset['dataset']
-    ann = dataset.get('ann_file') or dataset.get('split') or '(no ann_file)'
-    return f'{dataset.get("data_root") or ""}{ann} ({dataset.get("type")})'
+    """'ann_file (Type)' of each training set under dataset wrappers."""
+    loader = runner.cfg.get('train_dataloader') or {}
+    names = [f'{d.get("data_root") or ""}'
+             f'{d.get("ann_file") or d.get("split") or "(no ann_file)"} '
+             f'({d.get("type")})' for d in leaf_datasets(loader.get('dataset'))]
+    return ', '.join(names) or '(no dataset config)'
 
 
 def training_position(runner) -> str:
@@ -59,10 +62,10 @@ class FailFastHook(Hook):
     A run that cannot learn stops too, before anything is saved: an empty
     training set (every entry filtered out), a model with nothing to train
     (every parameter frozen, or every learning rate 0), and a loss of
-    exactly 0 in each
-    of the first ``zero_loss_iters`` iterations (or in all of a shorter run,
-    or of the first epoch): no real target gives that, while targets that
-    all weigh 0 do (mmpose turns a NaN person box into target weights of 0).
+    exactly 0 in each of the first ``zero_loss_iters`` iterations (or in all
+    of a shorter run, or of the first epoch): no real target gives that,
+    while targets that all weigh 0 do (mmpose turns a NaN person box into
+    target weights of 0).
     ``zero_loss_iters=0`` turns that check off.
     """
 
