@@ -224,7 +224,6 @@ def paca_official_layout(state: Mapping) -> Optional[str]:
     return None
 
 
-
 # The release's own names (github.com/iVMCL/PaCaViT/releases): where its
 # files live and how a model's setting is named in them, e.g.
 # IMNET_224_pacavit_<variant>.pth with variant 'small_p2cconv_100_0'.
