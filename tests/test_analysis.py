@@ -383,7 +383,8 @@ def test_visualize_clusters_config_checkpoint_order(tiny_data, tmp_path,
 
 
 # --------------------------------------------------------------------------
-# benchmark.py: op census, throughput mode (device, amp, train step)
+# the benchmark tools: op census, throughput mode (device, amp, train
+# step), traffic census, ONNX Runtime
 
 BENCHMARK = 'tools/analysis/benchmark.py'
 
@@ -419,13 +420,14 @@ def test_op_census_counts_ops_and_syncs():
 @pytest.mark.slow
 def test_benchmark_census(tmp_path):
     out = tmp_path / 'census.json'
-    proc = run_tool([BENCHMARK, '--census', '--models', 'clustr-t-window',
+    proc = run_tool(['tools/analysis/op_census.py', '--models',
+                     'clustr-t-window',
                      'paca-t', '--sizes', '64', '--batch', '2', '--threads',
                      '1', '--out', str(out)], timeout=300)
     lines = proc.stdout.splitlines()
     assert lines[0].startswith('device: cpu (') and 'batch 2' in lines[0]
-    assert lines[1].startswith('command: python tools/analysis/benchmark.py '
-                               '--census')
+    assert lines[1].startswith('command: python tools/analysis/op_census.py '
+                               '--models')
     assert lines[2].split()[:4] == ['model', 'size', 'ops', 'host_syncs']
     rows = json.loads(out.read_text())
     assert [r['model'] for r in rows] == ['clustr-t-window', 'paca-t']
@@ -483,14 +485,24 @@ def test_benchmark_compiled_model(tmp_path):
 
 @pytest.mark.slow
 def test_benchmark_compile_refuses_eager_only_modes():
-    proc = run_tool([BENCHMARK, '--compile', 'default', '--census'],
+    proc = run_tool([BENCHMARK, '--compile', 'default', '--flops'],
                     check=False)
-    assert proc.returncode != 0 and '--census' in proc.stdout
+    assert proc.returncode != 0 and '--flops need the eager one' in proc.stdout
+
+
+@pytest.mark.parametrize('option,tool', [
+    ('--census', 'op_census.py'), ('--traffic', 'traffic_census.py'),
+    ('--scale-batch=8', 'traffic_census.py'),
+    ('--runtime', 'onnxruntime_speed.py')])
+def test_benchmark_names_the_tool_a_moved_job_went_to(option, tool, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        load_tool('benchmark').parse_args(['--sizes', '64', option])
+    assert f'is now its own tool: tools/analysis/{tool}' in str(exit_.value)
 
 
 def test_benchmark_ratios_to_pvtv2():
     tool = load_tool('benchmark')
-    table = tool.Table(tool.parse_args(['--train-step']))
+    table = tool.SpeedTable(tool.parse_args(['--train-step']))
     rows = [dict(model='paca-s', size='224x224', infer_img_s=40.0,
                  train_img_s=10.0),
             dict(model='swin-t', size='224x224', error='boom'),
@@ -504,7 +516,7 @@ def test_benchmark_ratios_to_pvtv2():
     assert rows[0]['train_vs_pvtv2_b2'] == pytest.approx(0.25)
     # no reference in the run, or the latency table: no ratios
     assert table.ratios(rows[:2]) == []
-    assert tool.Table(tool.parse_args([])).ratios(rows) == []
+    assert tool.SpeedTable(tool.parse_args([])).ratios(rows) == []
 
 
 def test_benchmark_profile_lists_the_ops_that_take_the_time():
@@ -519,12 +531,12 @@ def test_benchmark_profile_lists_the_ops_that_take_the_time():
     ms = [e['ms'] for e in prof['top']]
     assert ms == sorted(ms, reverse=True) and ms[0] > 0
     assert prof['total_ms'] >= sum(ms)
-    line = tool.Table(tool.parse_args(['--profile'])).row(dict(
+    line = tool.SpeedTable(tool.parse_args(['--profile'])).row(dict(
         model='paca-t', size='64x64', params_m=1.0, latency_s=0.1,
         peak_forward_mem_mb=5.0, profile=prof))
     assert 'profile:' in line and 'aten::addmm' in line, line
     with pytest.raises(SystemExit):
-        tool.parse_args(['--census', '--profile'])
+        tool.parse_args(['--compile', 'default', '--profile'])
 
 
 @pytest.mark.slow
@@ -704,7 +716,8 @@ def test_traffic_census_sees_the_fused_clustering_as_one_op():
 @pytest.mark.slow
 def test_benchmark_traffic(tmp_path):
     out = tmp_path / 'traffic.json'
-    proc = run_tool([BENCHMARK, '--traffic', '--amp', 'bf16', '--models',
+    proc = run_tool(['tools/analysis/traffic_census.py', '--amp', 'bf16',
+                     '--models',
                      'clustr-t-window', 'swin-t', '--sizes', '64', '--batch',
                      '2', '--scale-batch', '8', '--threads', '1',
                      '--precision', 'tf32x3', '--out', str(out)],
@@ -730,7 +743,8 @@ def test_benchmark_traffic(tmp_path):
         clustr['bytes'] / swin['bytes'])
     assert any(ln.strip().startswith('clustr-t-window  bytes')
                for ln in lines)
-    bad = run_tool([BENCHMARK, '--scale-batch', '8'], check=False)
+    bad = run_tool(['tools/analysis/traffic_census.py', '--scale-batch',
+                    '0'], check=False)
     assert bad.returncode != 0 and '--scale-batch' in bad.stdout
 
 
@@ -758,18 +772,17 @@ def test_precision_check_tool(tmp_path):
 
 
 # --------------------------------------------------------------------------
-# benchmark.py --runtime onnxruntime: the exported backbone against eager
+# onnxruntime_speed.py: the exported backbone against eager
 
 
-def test_benchmark_onnxruntime_against_eager():
-    """One (model, size) of ``--runtime onnxruntime`` in-process: eager and
-    ONNX Runtime timed on the same input, their outputs agree, the session
-    has the asked threads, and the table prints the row."""
-    tool = load_tool('benchmark')
+def test_onnxruntime_speed_against_eager():
+    """One (model, size) in-process: eager and ONNX Runtime timed on the
+    same input, their outputs agree, the session has the asked threads, and
+    the table prints the row."""
+    tool = load_tool('onnxruntime_speed')
     threads = torch.get_num_threads()  # measure() sets it for the process
-    args = tool.parse_args(['--runtime', 'onnxruntime', '--models', 'paca-t',
-                            '--sizes', '64', '--runs', '1', '--threads',
-                            str(threads)])
+    args = tool.parse_args(['--models', 'paca-t', '--sizes', '64', '--runs',
+                            '1', '--threads', str(threads)])
     r = tool.measure('paca-t', (64, 64), args)
     assert len(r['latency_runs_s']) == len(r['ort_runs_s']) == 1
     assert r['latency_s'] > 0 and r['ort_latency_s'] > 0
@@ -781,10 +794,10 @@ def test_benchmark_onnxruntime_against_eager():
     # the graph computes the backbone: round-off only (3.5e-6 measured)
     assert r['max_abs_eager'] > 0.1
     assert 0 <= r['ort_max_abs_diff'] <= 1e-4
-    info = tool.run_info(args, ['benchmark.py'])
-    assert info['runtime'] == 'onnxruntime'
+    info = tool.info_of(args, ['onnxruntime_speed.py'])
+    assert info['runtime'] == 'onnxruntime' and info['device'] == 'cpu'
     assert info['onnxruntime'] and info['onnx']
-    table = tool.Table(args)
+    table = tool.RuntimeTable(args)
     assert table.header().split() == ['model', 'size', 'params(M)',
                                       'eager(ms)', 'ORT(ms)', 'ORT/eager',
                                       'max|diff|', 'export(s)']
@@ -794,45 +807,39 @@ def test_benchmark_onnxruntime_against_eager():
     assert float(row[4]) == pytest.approx(r['ort_latency_s'] * 1e3, abs=0.06)
 
 
-@pytest.mark.parametrize('options,message', [
-    (['--device', 'cuda'], '--runtime onnxruntime runs the CPU execution '
-     'provider only; got --device cuda'),
-    (['--train-step'], 'does not combine with --train-step'),
-    (['--compile', 'default'], 'does not combine with --compile default'),
-    (['--amp', 'bf16', '--breakdown'], 'does not combine with --amp bf16, '
-     '--breakdown'),
-    (['--census'], 'does not combine with --census'),
-    (['--plot', 'x.png'], 'does not combine with --plot'),
-])
-def test_benchmark_onnxruntime_refuses_what_it_cannot_time(options, message,
-                                                          capsys):
-    tool = load_tool('benchmark')
+@pytest.mark.parametrize('option', [
+    ['--device', 'cuda'], ['--train-step'], ['--compile', 'default'],
+    ['--amp', 'bf16'], ['--precision', 'tf32x3'], ['--plot', 'x.png']])
+def test_onnxruntime_speed_has_no_option_it_cannot_time(option, capsys):
+    """CPU fp32 eval forwards only: any other option is refused by name."""
+    tool = load_tool('onnxruntime_speed')
     with pytest.raises(SystemExit):
-        tool.parse_args(['--runtime', 'onnxruntime', *options])
-    assert message in capsys.readouterr().err
+        tool.parse_args(option)
+    assert f'unrecognized arguments: {option[0]}' in capsys.readouterr().err
 
 
-def test_benchmark_onnxruntime_needs_the_package(monkeypatch, capsys):
-    tool = load_tool('benchmark')
+def test_onnxruntime_speed_needs_the_package(monkeypatch, capsys):
+    tool = load_tool('onnxruntime_speed')
     monkeypatch.setitem(sys.modules, 'onnxruntime', None)
     with pytest.raises(SystemExit):
-        tool.parse_args(['--runtime', 'onnxruntime'])
-    assert ('--runtime onnxruntime needs onnxruntime, not installed: pip '
-            'install -r requirements/onnx.txt' in capsys.readouterr().err)
-    tool.parse_args([])  # eager needs no onnxruntime
+        tool.parse_args([])
+    assert ('this tool needs onnxruntime, not installed: pip install -r '
+            'requirements/onnx.txt' in capsys.readouterr().err)
+    load_tool('benchmark').parse_args([])  # eager needs no onnxruntime
 
 
 def test_benchmark_child_past_its_timeout_is_a_failed_row(monkeypatch):
     """A (model, size) that runs past --timeout fails its row; the run goes
     on with the next one (before: TimeoutExpired ended the whole run)."""
     tool = load_tool('benchmark')
+    common = load_tool('benchmark_common')
 
     def too_slow(cmd, timeout, **kwargs):
-        raise tool.subprocess.TimeoutExpired(cmd, timeout)
+        raise common.subprocess.TimeoutExpired(cmd, timeout)
 
-    monkeypatch.setattr(tool.subprocess, 'run', too_slow)
+    monkeypatch.setattr(common.subprocess, 'run', too_slow)
     args = tool.parse_args(['--timeout', '5'])
-    assert tool.run_child('paca-s', (512, 512), args) == dict(
+    assert common.run_child(BENCHMARK, 'paca-s', (512, 512), args) == dict(
         model='paca-s', size='512x512', precision=None,
         error='stopped after --timeout 5 s')
 

@@ -280,7 +280,7 @@ def network_alone(model, images, calls, peer, runs):
         dispatch.first_use.run_checked = original
     out['clustering_ms'] = out['full_ms'] - out['cached_ids_ms']
     try:
-        from benchmark import build
+        from benchmark_common import build
         net = build(peer).cuda()
         out[f'{peer}_ms'] = cuda_time(lambda: forward(net), runs)
     except Exception as e:  # the peer needs mmdet with mmcv's ops
