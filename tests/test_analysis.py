@@ -449,8 +449,10 @@ def test_benchmark_train_step_bf16_cpu(tmp_path):
     proc = run_tool([BENCHMARK, '--device', 'cpu', '--amp', 'bf16',
                      '--train-step', '--runs', '1', '--models', 'paca-t',
                      '--sizes', '64', '--batch', '2', '--threads', '1',
-                     '--out', str(out)], timeout=300)
+                     '--out', str(out), '--plot', str(tmp_path / 'p.png')],
+                    timeout=300)
     lines = proc.stdout.splitlines()
+    assert (tmp_path / 'p.png').stat().st_size > 0
     assert 'amp bf16' in lines[0] and 'warm-up 1, runs 1' in lines[0]
     assert 'infer img/s' in lines[2] and 'train peak(MB)' in lines[2]
     (r, ) = json.loads(out.read_text())
@@ -826,6 +828,16 @@ def test_onnxruntime_speed_needs_the_package(monkeypatch, capsys):
     assert ('this tool needs onnxruntime, not installed: pip install -r '
             'requirements/onnx.txt' in capsys.readouterr().err)
     load_tool('benchmark').parse_args([])  # eager needs no onnxruntime
+
+
+def test_results_saved_before_the_split_still_plot(tmp_path):
+    """Rows written by benchmark.py when it had every job as a mode (the
+    H200 table of 2026-11-27) plot with today's plot_benchmark."""
+    saved = ROOT / 'docs/results/2026-11-27_h200_bench-224_tf32x3.json'
+    rows = json.loads(saved.read_text())
+    exps = load_tool('plot_benchmark').plot(rows, str(tmp_path / 'p.png'))
+    assert set(exps) == {r['model'] for r in rows}
+    assert (tmp_path / 'p.png').stat().st_size > 0
 
 
 def test_benchmark_child_past_its_timeout_is_a_failed_row(monkeypatch):
