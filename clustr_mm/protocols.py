@@ -16,7 +16,9 @@ dispatch) go through the accessors below, never through a bare ``getattr``:
   ``upgrade_state_dict(state) -> state`` static method that maps an earlier
   key layout of its own to today's (checkpoint loading applies it);
 - a clustering backend (:class:`ClusteringBackend`): a module or object
-  with ``NAME``, ``why_not(device)`` and ``run(...)``;
+  with ``NAME``, ``HOLDS_BLOCKS``, ``why_not(task)`` and ``run(...)``; one
+  whose first use is checked (:class:`CheckedBackend`) also has
+  ``runs_kernels(x)`` and ``probed(...)``;
 - a token reducer: :class:`~clustr_mm.models.layers.token_reducer.TokenReducer`
   (its own module documents the call);
 - a checkpoint converter: :class:`~clustr_mm.checkpoints.official.Converter`.
@@ -68,14 +70,34 @@ def state_dict_upgrade(model: Any) -> Optional[Callable[[Mapping], Mapping]]:
 @runtime_checkable
 class ClusteringBackend(Protocol):
     """One way to compute DPC-kNN cluster ids (a module such as
-    ``dpc_knn.blocked``): ``NAME`` is what a plan's ``kernel`` names it;
-    ``why_not(device)`` is None where it may run on ``device`` (a reason
-    otherwise: the dispatch reports it); ``run(x, counts, k, windows, plan)``
-    maps (G, n, C) tokens of G windows to per-scale ids."""
+    ``clustr_mm.ops.dpc_knn.blocked``): ``NAME`` is what a plan's ``kernel``
+    names it; ``HOLDS_BLOCKS`` whether it keeps (n, n) distance blocks (the
+    dispatch then bounds the windows per call by the plan's
+    ``max_chunk_elems``); ``why_not(task)`` is None where it may run a
+    ``dpc_knn.Task`` (device, dtype, k, scales; a reason otherwise: the
+    dispatch reports it); ``run(x, counts, k, windows, plan)`` maps (G, n,
+    C) tokens of G windows to per-scale ids."""
     NAME: str
+    HOLDS_BLOCKS: bool
 
-    def why_not(self, device) -> Optional[str]:
+    def why_not(self, task) -> Optional[str]:
         ...
 
     def run(self, x, counts, k, windows, plan):
+        ...
+
+
+@runtime_checkable
+class CheckedBackend(ClusteringBackend, Protocol):
+    """A backend that ``dpc_knn.first_use.Checked`` can check against an
+    oracle: ``runs_kernels(x)``, whether its own code runs on ``x`` (else
+    it computes with another backend and there is nothing to check);
+    ``probed(x, counts, k, windows, plan)``, its ids and intermediate values
+    (``knn``, ``first``, ``rho``, ``delta2``, ``dmax2``, ``centers``) for the
+    comparison."""
+
+    def runs_kernels(self, x) -> bool:
+        ...
+
+    def probed(self, x, counts, k, windows, plan):
         ...

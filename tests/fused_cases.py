@@ -68,8 +68,7 @@ def windows(hw, window_size, sr_ratio, channels, batch, device='cpu',
     """Random-normal fp32 windows of a grid as the clustering sees them
     under the fused plan (border windows padded into one group):
     (x (G, n, C) zero at padding, counts, Windows)."""
-    from clustr_mm.models.layers.dpc_knn import (FUSED_PLAN, WindowLayout,
-                                                 batch_consts)
+    from clustr_mm.ops.dpc_knn import FUSED_PLAN, WindowLayout, batch_consts
     layout = WindowLayout(hw, window_size, sr_ratio, device=device,
                           plan=FUSED_PLAN)
     (group, ) = layout.groups
@@ -84,16 +83,17 @@ def windows(hw, window_size, sr_ratio, channels, batch, device='cpu',
 
 
 def fused_agreement(x, counts, consts, precision='ieee', k=5):
-    """:func:`~clustr_mm.models.layers.dpc_knn.agreement.compare` of the
+    """:func:`~clustr_mm.ops.dpc_knn.agreement.compare` of the
     fused kernels (``precision``) with the reference (IEEE fp32) on the
     same windows; also the ids the reference gives with its channels
     reversed (fp32 summed in another order: ``precision_check.py``'s
     round-off floor), as ``reordered`` (% of ids that differ)."""
-    from clustr_mm.models.layers.dpc_knn import fused
-    from clustr_mm.models.layers.dpc_knn.agreement import compare
-    from clustr_mm.models.layers.dpc_knn.reference import dpc_knn_reference
+    from clustr_mm.ops.dpc_knn import FUSED_PLAN, fused
+    from clustr_mm.ops.dpc_knn.agreement import compare
+    from clustr_mm.ops.dpc_knn.reference import dpc_knn_reference
     ref = {}
-    got_ids, got = fused.probed(x, counts, k, consts, precision)
+    got_ids, got = fused.probed(x, counts, k, consts,
+                                FUSED_PLAN._replace(precision=precision))
     ref_ids = dpc_knn_reference(x, counts, k, consts, probe=ref)
     report = compare(x, counts, consts, ref, got, ref_ids, got_ids,
                      precision)
@@ -113,7 +113,7 @@ def reorderings(x, counts, k, consts):
     same algorithm, other round-off): its channels reversed, and its
     distances as |a|^2 + |b|^2 - 2 a.b with the norms added after the
     products (as the fused kernels add them) instead of inside one GEMM."""
-    from clustr_mm.models.layers.dpc_knn import reference as ref
+    from clustr_mm.ops.dpc_knn import reference as ref
     yield ref.dpc_knn_reference(x.flip(-1), counts, k, consts)
     original = torch.bmm
 

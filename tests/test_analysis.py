@@ -690,9 +690,8 @@ def test_traffic_census_sees_the_fused_clustering_as_one_op():
         pytest.skip('torch.library.custom_op is torch >= 2.4')
     from clustr_mm.analysis.traffic import (TrafficCensus, time_bound,
                                             traffic_census)
-    from clustr_mm.models.layers.dpc_knn import (FUSED_PLAN, WindowLayout,
-                                                 assign_clusters)
-    from clustr_mm.models.layers.dpc_knn.fused import dpc_knn_flops
+    from clustr_mm.ops.dpc_knn import FUSED_PLAN, WindowLayout, assign_clusters
+    from clustr_mm.ops.dpc_knn.fused import dpc_knn_flops
     layout = WindowLayout((12, 12), None, 2, plan=FUSED_PLAN)
     x = torch.randn(2, 144, 8)
     r = traffic_census(lambda: assign_clusters(x, layout))

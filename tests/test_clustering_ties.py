@@ -6,7 +6,7 @@ import torch
 import clustr_mm  # noqa: F401
 from clustr_mm.models.backbones.clustr import ClusTR
 from clustr_mm.models.layers.dpc_knn import DPCKNN
-from clustr_mm.models.layers.dpc_knn.reference import augment, tie_tolerance
+from clustr_mm.ops.dpc_knn.reference import augment, tie_tolerance
 
 pytestmark = pytest.mark.torch21
 

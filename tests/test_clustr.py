@@ -13,12 +13,11 @@ import clustr_mm  # noqa: F401  (registers the models)
 from clustr_mm.models.backbones.clustr import ClusTR
 from clustr_mm.models.layers import ConvFFN
 from clustr_mm.models.layers.cluster_attention import ClusterAttention
-from clustr_mm.models.layers.dpc_knn import (ACCELERATOR_PLAN, CPU_PLAN,
-                                             DPCKNN, ClusterIds, WindowLayout,
-                                             batch_consts,
-                                             assign_clusters, merge_clusters)
-from clustr_mm.models.layers.dpc_knn import blocked
-from clustr_mm.models.layers.dpc_knn.blocked import k_smallest
+from clustr_mm.models.layers.dpc_knn import DPCKNN, merge_clusters
+from clustr_mm.ops.dpc_knn import (ACCELERATOR_PLAN, CPU_PLAN, ClusterIds,
+                                   WindowLayout, batch_consts, assign_clusters)
+from clustr_mm.ops.dpc_knn import blocked
+from clustr_mm.ops.dpc_knn.blocked import k_smallest
 
 pytestmark = pytest.mark.torch21
 

@@ -9,13 +9,11 @@ import torch
 from fused_cases import interpreted, needs_triton, windows
 
 import clustr_mm  # noqa: F401
-from clustr_mm.models.layers.dpc_knn import (FUSED_PLAN, WindowLayout,
-                                             assign_clusters, first_use,
-                                             fused)
-from clustr_mm.models.layers.dpc_knn.agreement import compare, row_tolerance
-from clustr_mm.models.layers.dpc_knn.blocked import dpc_knn_blocked
-from clustr_mm.models.layers.dpc_knn.reference import (augment,
-                                                       dpc_knn_reference)
+from clustr_mm.ops.dpc_knn import (FUSED_PLAN, WindowLayout, assign_clusters,
+                                   first_use, fused)
+from clustr_mm.ops.dpc_knn.agreement import compare, row_tolerance
+from clustr_mm.ops.dpc_knn.blocked import dpc_knn_blocked
+from clustr_mm.ops.dpc_knn.reference import augment, dpc_knn_reference
 
 # 9 x 12 tokens in 8-token windows: 4 windows, 3 of them padded borders
 HW, WS, SR, C = (9, 12), 8, 2, 16

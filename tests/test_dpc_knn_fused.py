@@ -39,9 +39,8 @@ PASS1_CASES = [(10, 2, 8), (64, 1, 4), (100, 3, 6), (150, 2, 5),
 def pass1_matches_full_matrix(n, g, c):
     """Pass 1's outputs against the same quantities of the whole distance
     matrix, with padding and duplicate tokens: [knn, rowmax, first] equal."""
-    from clustr_mm.models.layers.dpc_knn import fused
-    from clustr_mm.models.layers.dpc_knn.reference import (augment,
-                                                           first_duplicate)
+    from clustr_mm.ops.dpc_knn import fused
+    from clustr_mm.ops.dpc_knn.reference import augment, first_duplicate
     x = torch.randint(-1, 2, (g, n, c)).float()
     invalid = torch.rand(g, n) < 0.2
     invalid[0, -1] = invalid[-1, 0] = True
@@ -76,10 +75,9 @@ def near_duplicates(b, n, c):
 def interpreted_cases():
     """Run in a child with ``TRITON_INTERPRET=1``; prints JSON results."""
     from clustr_mm.models.backbones.clustr import ClusTR
-    from clustr_mm.models.layers.dpc_knn import (FUSED_PLAN, TRACE_PLAN,
-                                                 WindowLayout,
-                                                 assign_clusters, fused,
-                                                 use_plan)
+    from clustr_mm.models.layers.dpc_knn import use_plan
+    from clustr_mm.ops.dpc_knn import (FUSED_PLAN, TRACE_PLAN, WindowLayout,
+                                       assign_clusters, fused)
     assert fused.INTERPRET
     calls, seen = [], []
     passes, knn_pass = fused._triton_passes, fused._knn_pass
@@ -142,7 +140,7 @@ def interpreted_cases():
 
 def dpc_knn_assign_emulated(x, hw, ws, sr):
     """Ids of the reference with emulated 3xTF32 distances."""
-    from clustr_mm.models.layers.dpc_knn import reference as ref
+    from clustr_mm.ops.dpc_knn import reference as ref
     original = ref.dpc_knn_reference
     ref.dpc_knn_reference = (lambda *a: original(*a, emulate='tf32x3'))
     try:
@@ -183,7 +181,7 @@ def test_tf32x3_reaches_kernels_and_gives_reference_ids(interpreted):
     interpreter computes tl.dot in plain fp32 whatever its precision, so
     this checks the plumbing and the tolerance path; the kernels' tf32x3
     code is checked by compiling it, below.)"""
-    from clustr_mm.models.layers.dpc_knn.reference import tie_tolerance
+    from clustr_mm.ops.dpc_knn.reference import tie_tolerance
     results = interpreted['tf32x3']
     assert len(results) == 6
     bad = [k for k, v in results.items() if not v['same']]
@@ -198,8 +196,7 @@ def test_near_duplicates_tell_the_thresholds_apart():
     """The near-duplicate case of the test above is one: its pairs are
     ties at the 'tf32x3' threshold and not at the 'ieee' one, so their
     ids differ between the two thresholds."""
-    from clustr_mm.models.layers.dpc_knn.reference import (augment,
-                                                           first_duplicate)
+    from clustr_mm.ops.dpc_knn.reference import augment, first_duplicate
     x = near_duplicates(2, 90, 8)
     firsts = []
     for precision in ('ieee', 'tf32x3'):
@@ -214,8 +211,7 @@ def test_near_duplicates_tell_the_thresholds_apart():
 
 def dpc_knn_assign_ieee(x, hw, ws, sr):
     """Ids of the reference backend."""
-    from clustr_mm.models.layers.dpc_knn import (TRACE_PLAN, WindowLayout,
-                                                 assign_clusters)
+    from clustr_mm.ops.dpc_knn import TRACE_PLAN, WindowLayout, assign_clusters
     return assign_clusters(x, WindowLayout(hw, ws, sr,
                                            plan=TRACE_PLAN)).scales
 
@@ -225,8 +221,8 @@ def test_tf32_split_and_emulated_error_bound():
     split is exact on small integers (then the distances equal IEEE's),
     and on random tokens the distance error (against fp64) stays inside
     the 'tf32x3' tie bound, identical tokens under the threshold."""
-    from clustr_mm.models.layers.dpc_knn.reference import (
-        augment, tf32_split, tf32x3_bmm, tie_tolerance)
+    from clustr_mm.ops.dpc_knn.reference import (augment, tf32_split,
+                                                 tf32x3_bmm, tie_tolerance)
     torch.manual_seed(0)
     x = torch.randn(3, 200, 64) * torch.logspace(-3, 3, 200)[:, None]
     hi, lo = tf32_split(x)
@@ -256,11 +252,11 @@ def test_tf32_split_and_emulated_error_bound():
 
 def test_unknown_precision_is_refused():
     from clustr_mm.models.layers.dpc_knn import DPCKNN
-    from clustr_mm.models.layers.dpc_knn.reference import tie_tolerance
+    from clustr_mm.ops.dpc_knn.reference import tie_tolerance
     with pytest.raises(ValueError, match=r"precision must be one of "
                        r"\('ieee', 'tf32x3'\), got 'tf32'"):
         DPCKNN(2, precision='tf32')
-    from clustr_mm.models.layers.dpc_knn import FUSED_PLAN
+    from clustr_mm.ops.dpc_knn import FUSED_PLAN
     with pytest.raises(ValueError, match=r"plan.precision 'tf32x3' and "
                        r"precision 'ieee' disagree"):
         DPCKNN(2, plan=FUSED_PLAN._replace(precision='tf32x3'),
@@ -289,7 +285,7 @@ def test_backbone_reducer_config_sets_precision():
     model = ClusTR('tiny')
     assert all(m.precision == 'tf32x3' for m in model.modules()
                if isinstance(m, DPCKNN))
-    from clustr_mm.models.layers.dpc_knn import FUSED_PLAN
+    from clustr_mm.ops.dpc_knn import FUSED_PLAN
     assert DPCKNN(2, plan=FUSED_PLAN).precision == FUSED_PLAN.precision
 
 
@@ -315,9 +311,8 @@ def test_fused_op_is_one_op_with_shapes_and_flops():
     from torch.utils.flop_counter import FlopCounterMode
 
     from clustr_mm.analysis.op_census import op_census
-    from clustr_mm.models.layers.dpc_knn import (FUSED_PLAN, WindowLayout,
-                                                 assign_clusters)
-    from clustr_mm.models.layers.dpc_knn.fused import dpc_knn_flops
+    from clustr_mm.ops.dpc_knn import FUSED_PLAN, WindowLayout, assign_clusters
+    from clustr_mm.ops.dpc_knn.fused import dpc_knn_flops
     layout = WindowLayout((12, 12), None, 2, plan=FUSED_PLAN)
     x = torch.randn(2, 144, 8)
     census = op_census(lambda: assign_clusters(x, layout))
@@ -396,7 +391,7 @@ def compile_and_check(arch):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from clustr_mm.models.layers.dpc_knn import fused as f
+    from clustr_mm.ops.dpc_knn import fused as f
     device = torch.device('cuda', 0)
     f._arch = lambda _: arch // 10  # noqa: E731 (this process: no GPU)
     rows = dict(x_ptr='*fp32', lo_ptr='*fp32', sq_ptr='*fp32',
@@ -495,7 +490,7 @@ def test_fused_op_launches_at_most_15(monkeypatch):
     from torch.utils._python_dispatch import _disable_current_modes
 
     from clustr_mm.analysis.op_census import OpCensus
-    from clustr_mm.models.layers.dpc_knn import fused
+    from clustr_mm.ops.dpc_knn import fused
     from fused_cases import interpreted, windows
     x, counts, consts = windows((9, 12), 8, 4, 16, 2)
     assert len(counts) == 2 and consts.invalid is not None
@@ -545,8 +540,8 @@ def test_pass1_keeps_any_k_up_to_max(k):
     interpreted cases above): the k smallest distances (duplicates as 0),
     on integer tokens whose nearest all share one lane; k above MAX_K is
     refused."""
-    from clustr_mm.models.layers.dpc_knn import fused
-    from clustr_mm.models.layers.dpc_knn.reference import augment
+    from clustr_mm.ops.dpc_knn import fused
+    from clustr_mm.ops.dpc_knn.reference import augment
     from fused_cases import interpreted
     n, c = 288, 32
     j = torch.arange(n)

@@ -2,7 +2,7 @@
 reference on random-normal fp32 tokens at the sizes ClusTR-S clusters.
 
 Values are compared within the round-off bound derived in
-:mod:`clustr_mm.models.layers.dpc_knn.agreement` (k nearest distances,
+:mod:`clustr_mm.ops.dpc_knn.agreement` (k nearest distances,
 densities, distance to the nearest denser token), and ids are equal except
 where the reference itself has a near-tie within that bound (counted and
 printed as ``[agreement]`` lines). The interpreter runs in this process
@@ -35,7 +35,7 @@ BIG = pytest.mark.skipif(
 def run_interpreted(name, hw, window_size, sr_ratio, channels, batch):
     """The agreement report of the fused kernels (interpreted) with the
     reference on one case; printed with its time."""
-    from clustr_mm.models.layers.dpc_knn import fused
+    from clustr_mm.ops.dpc_knn import fused
     x, counts, consts = windows(hw, window_size, sr_ratio, channels, batch)
     start = time.perf_counter()
     with interpreted(fused):
@@ -131,10 +131,9 @@ def test_adversarial_windows_equal_reference(size, precision, kinds):
     lane and duplicate windows, for time)."""
     import torch
 
-    from clustr_mm.models.layers.dpc_knn import (FUSED_PLAN, WindowLayout,
-                                                 batch_consts, fused)
-    from clustr_mm.models.layers.dpc_knn.reference import (augment,
-                                                           dpc_knn_reference)
+    from clustr_mm.ops.dpc_knn import (FUSED_PLAN, WindowLayout, batch_consts,
+                                       fused)
+    from clustr_mm.ops.dpc_knn.reference import augment, dpc_knn_reference
     hw, c, sr = EXACT_224[size]
     x = adversarial_windows(hw[0] * hw[1], c)[:kinds]
     layout = WindowLayout(hw, None, sr, plan=FUSED_PLAN)
@@ -143,7 +142,8 @@ def test_adversarial_windows_equal_reference(size, precision, kinds):
     counts = [group.counts[s] for s in layout.clustered]
     ref_probe = {}
     with interpreted(fused):
-        got, probe = fused.probed(x, counts, 5, consts, precision)
+        got, probe = fused.probed(x, counts, 5, consts,
+                                    FUSED_PLAN._replace(precision=precision))
     ref = dpc_knn_reference(x, counts, 5, consts, emulate=precision,
                             probe=ref_probe)
     bad = (got != ref).flatten(1).any(1).nonzero().flatten()

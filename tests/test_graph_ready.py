@@ -19,8 +19,8 @@ from clustr_mm.analysis.op_census import op_census
 from clustr_mm.analysis.traffic import traffic_census
 from clustr_mm.models.backbones.clustr import ClusTR
 from clustr_mm.models.layers import SummaryAttention
-from clustr_mm.models.layers.dpc_knn import (ACCELERATOR_PLAN, CPU_PLAN,
-                                             FUSED_PLAN, use_plan)
+from clustr_mm.models.layers.dpc_knn import use_plan
+from clustr_mm.ops.dpc_knn import ACCELERATOR_PLAN, CPU_PLAN, FUSED_PLAN
 
 # `torch21` marks the tests that also run on the torch 2.1 stack; the census
 # of the fused op (torch.library.custom_op) and torch.compile need torch >= 2.4.

@@ -14,7 +14,7 @@ from torch import nn
 from clustr_mm.analysis.flops import analyze_flops
 from clustr_mm.models.backbones.clustr import ClusTR
 from clustr_mm.models.backbones.pretrained import load_backbone_state
-from clustr_mm.models.layers.dpc_knn import blocked, fused, reference
+from clustr_mm.ops.dpc_knn import blocked, fused, reference
 from clustr_mm.models.layers.token_reducer import Reduction, TokenReducer
 from clustr_mm.protocols import (ClusteringBackend, backbone_strides,
                                  flop_kind, graph_static_hw)

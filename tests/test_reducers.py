@@ -19,8 +19,8 @@ from clustr_mm.models.layers import (DPCKNN, CentroidAttention,
                                      PaCaAttention, SoftCluster,
                                      SummaryAttention, TokenReducer,
                                      build_reducer, multi_head_attention)
-from clustr_mm.models.layers.dpc_knn import (assign_clusters,
-                                             merge_clusters)
+from clustr_mm.models.layers.dpc_knn import merge_clusters
+from clustr_mm.ops.dpc_knn import assign_clusters
 
 pytestmark = pytest.mark.torch21
 

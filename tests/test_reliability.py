@@ -39,7 +39,8 @@ from conftest import (MODEL_CONFIGS, ROOT, free_port, load_config,
 from mmengine.registry import MODELS
 
 import clustr_mm  # noqa: F401
-from clustr_mm.models.layers import TokenReducer, assign_clusters
+from clustr_mm.models.layers import TokenReducer
+from clustr_mm.ops.dpc_knn import assign_clusters
 
 CLS_CONFIG = 'configs/clustr/clustr-t_embedded-imagenet.py'
 # One thread for the training subprocesses: on shared CI cores two OpenMP

@@ -154,7 +154,7 @@ def dpc_knn_macs(reducer: nn.Module, batch: int, channels: int,
         Counter with ``clustering.distances``, ``clustering.selection`` and
         ``clustering.merge``.
     """
-    from ..models.layers.dpc_knn import TRACE_PLAN, WindowLayout
+    from ..ops.dpc_knn import TRACE_PLAN, WindowLayout
     h, w = int(hw[0]), int(hw[1])
     layout = WindowLayout((h, w), reducer.window_size, reducer.sr_ratio,
                           reducer.scale_factors, plan=TRACE_PLAN)

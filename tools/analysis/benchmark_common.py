@@ -90,20 +90,22 @@ def set_precision(model, precision, device, counted):
     without a reducer, ``precision`` where the fused op runs on ``device``
     or is ``counted`` (the traffic census), else 'ieee' (the blocked and
     reference backends are IEEE fp32 whatever is asked)."""
-    from clustr_mm.models.layers.dpc_knn import DPCKNN, fused
+    from clustr_mm.models.layers.dpc_knn import DPCKNN
+    from clustr_mm.ops.dpc_knn import Task, fused
     reducers = [m for m in model.modules() if isinstance(m, DPCKNN)]
     for m in reducers:
         m.precision = precision
     if not reducers:
         return None
-    runs = counted or fused.why_not(torch.device(device)) is None
+    runs = counted or fused.why_not(Task(torch.device(device))) is None
     return precision if runs else 'ieee'
 
 
 def cuda_path(model):
     """Make ClusTR's clustering take its CUDA path on any device: the fused
     op (on a CPU it runs the blocked code inside, seen as the one op)."""
-    from clustr_mm.models.layers.dpc_knn import FUSED_PLAN, use_plan
+    from clustr_mm.models.layers.dpc_knn import use_plan
+    from clustr_mm.ops.dpc_knn import FUSED_PLAN
     use_plan(model, FUSED_PLAN)
 
 

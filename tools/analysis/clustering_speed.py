@@ -13,7 +13,7 @@ stage is kept (its LayerNorm'd tokens, windows and cluster counts). On each:
   in both precisions and of its parts (prep, pass 1, density gather and
   order, pass 2, center order, assignment);
 - agreement with the reference backend on the same tokens
-  (:func:`~clustr_mm.models.layers.dpc_knn.agreement.compare`: values
+  (:func:`~clustr_mm.ops.dpc_knn.agreement.compare`: values
   within their round-off bounds, ids equal but at near-ties) and the ids
   that summing fp32 in another order changes (the reference with its
   channels reversed: fp32's own floor);
@@ -65,26 +65,27 @@ def cuda_time(fn, runs):
 def capture_calls(model, images):
     """(stage, x, counts, k, windows, plan) of every clustering call of one
     eval forward, in call order."""
-    from clustr_mm.models.layers.dpc_knn import dispatch, first_use
-    calls, original = [], first_use.run_checked
+    from clustr_mm.ops.dpc_knn import dispatch
+    fused_backend = dispatch.BACKENDS[0]  # the checked fused backend
+    calls, original = [], fused_backend.run
 
     def record(x, counts, k, windows, plan):
         calls.append((x.clone(), list(counts), k, windows, plan))
         return original(x, counts, k, windows, plan)
 
-    dispatch.first_use.run_checked = record
+    fused_backend.run = record
     try:
         with torch.no_grad(), torch.autocast('cuda', torch.bfloat16):
             model(images)
     finally:
-        dispatch.first_use.run_checked = original
+        del fused_backend.run  # back to the class's method
     return calls
 
 
 def parts(x, counts, k, windows, precision):
     """The fused op's steps as :func:`fused._triton_passes` runs them, with
     an event after each: {part: event}."""
-    from clustr_mm.models.layers.dpc_knn import fused
+    from clustr_mm.ops.dpc_knn import fused
     events = {}
 
     def mark(name):
@@ -139,7 +140,7 @@ def sweep(calls, runs):
     """Per stage, passes 1 and 2 ('tf32x3') timed in each layout of
     :data:`SWEEP`; the fastest is put in ``fused.MEASURED`` for the rest of
     the run. Returns {channels: {layout: ms}}."""
-    from clustr_mm.models.layers.dpc_knn import fused
+    from clustr_mm.ops.dpc_knn import fused
     out, seen = {}, set()
     for x, counts, k, windows, _ in calls:
         c = x.shape[-1]
@@ -197,7 +198,7 @@ def official_dpc_knn(x, counts, k, chunks=4):
 def load_baseline(path):
     """A module file with ``_triton_passes`` (an earlier fused.py), loaded
     inside the dpc_knn package so its relative imports resolve."""
-    name = 'clustr_mm.models.layers.dpc_knn._baseline'
+    name = 'clustr_mm.ops.dpc_knn._baseline'
     spec = spec_from_file_location(name, path)
     module = module_from_spec(spec)
     sys.modules[name] = module
@@ -207,9 +208,9 @@ def load_baseline(path):
 
 def stage_rows(calls, args):
     """Per stage (first call): times, parts and agreement."""
-    from clustr_mm.models.layers.dpc_knn import fused
-    from clustr_mm.models.layers.dpc_knn.agreement import compare
-    from clustr_mm.models.layers.dpc_knn.reference import dpc_knn_reference
+    from clustr_mm.ops.dpc_knn import FUSED_PLAN, fused
+    from clustr_mm.ops.dpc_knn.agreement import compare
+    from clustr_mm.ops.dpc_knn.reference import dpc_knn_reference
     baseline = load_baseline(args.baseline) if args.baseline else None
     rows, seen = [], set()
     for x, counts, k, windows, _ in calls:
@@ -227,7 +228,8 @@ def stage_rows(calls, args):
         row['fp32_reordered_ids_pct'] = 100 * float(
             (flipped != ref_ids).sum()) / total
         for precision in ('ieee', 'tf32x3'):
-            ids, got = fused.probed(x, counts, k, windows, precision)
+            ids, got = fused.probed(x, counts, k, windows,
+                                    FUSED_PLAN._replace(precision=precision))
             report = compare(x, counts, windows, ref_probe, got, ref_ids,
                              ids, precision)
             row[precision] = dict(
@@ -257,9 +259,10 @@ def stage_rows(calls, args):
 def network_alone(model, images, calls, peer, runs):
     """Forward ms with the clustering and with every call's ids cached (the
     network alone), and ``peer``'s forward, in this process."""
-    from clustr_mm.models.layers.dpc_knn import dispatch, first_use
+    from clustr_mm.ops.dpc_knn import dispatch
     ids = []
-    original = first_use.run_checked
+    fused_backend = dispatch.BACKENDS[0]  # the checked fused backend
+    original = fused_backend.run
 
     def cached(x, counts, k, windows, plan, it=[0]):
         out = ids[it[0] % len(ids)]
@@ -273,11 +276,11 @@ def network_alone(model, images, calls, peer, runs):
     out = dict(full_ms=cuda_time(lambda: forward(model), runs))
     for x, counts, k, windows, plan in calls:
         ids.append(original(x, counts, k, windows, plan))
-    dispatch.first_use.run_checked = cached
+    fused_backend.run = cached
     try:
         out['cached_ids_ms'] = cuda_time(lambda: forward(model), runs)
     finally:
-        dispatch.first_use.run_checked = original
+        del fused_backend.run  # back to the class's method
     out['clustering_ms'] = out['full_ms'] - out['cached_ids_ms']
     try:
         from benchmark_common import build
@@ -311,7 +314,7 @@ def main(argv=None):
         parser.error('this tool times CUDA kernels: torch.cuda.is_available()'
                      ' is False')
     from clustr_mm.models.backbones.clustr import ClusTR
-    from clustr_mm.models.layers.dpc_knn import fused
+    from clustr_mm.ops.dpc_knn import fused
     torch.manual_seed(0)
     model = ClusTR(args.arch, clustering_mode='exact').cuda().eval()
     images = torch.randn(args.batch, 3, args.size, args.size, device='cuda')

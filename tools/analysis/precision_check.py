@@ -55,8 +55,8 @@ def precision_check(arch='small', mode='exact', size=224, images=4,
     """Per stage: tokens clustered, % ids changed by emulated 3xTF32 and by
     reordered fp32 summation (against IEEE fp32)."""
     from clustr_mm.models.backbones.clustr import ClusTR
-    from clustr_mm.models.layers.dpc_knn import (DPCKNN, TRACE_PLAN,
-                                                 reference as ref, use_plan)
+    from clustr_mm.models.layers.dpc_knn import DPCKNN, use_plan
+    from clustr_mm.ops.dpc_knn import TRACE_PLAN, reference as ref
     torch.manual_seed(0)
     model = ClusTR(arch, clustering_mode=mode).eval()
     use_plan(model, TRACE_PLAN)  # the reference backend

@@ -13,7 +13,7 @@ from torch import nn
 
 from ..layers.arg_checks import (check_bool, check_hidden_width,  # noqa: F401
                                  check_int, check_number, warn_unused)
-from ..layers.graph_safety import assert_finite
+from ...graph_safety import assert_finite
 
 
 def check_per_stage(name: str, values, num_stages: Optional[int],

@@ -10,9 +10,9 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ...ops.dpc_knn import CLUSTR_SCALES
 from ...registry import register_model
-from ..layers import (CLUSTR_SCALES, ClusterAttention, ConvFFN, DropPath,
-                      OverlapPatchEmbed)
+from ..layers import ClusterAttention, ConvFFN, DropPath, OverlapPatchEmbed
 from .base import PyramidBackbone, parse_arch, per_stage_reducers
 from ..layers.token_reducer import reducer_accepts
 from .checks import check_bool, check_int, warn_unused

@@ -2,9 +2,7 @@ from .attention import multi_head_attention, split_heads
 from .drop_path import DropPath
 from .cluster_attention import (ClusterAttention, PaCaAttention,
                                 SummaryAttention)
-from .dpc_knn import (CLUSTR_SCALES, DPCKNN, ClusteringPlan, WindowLayout,
-                      assign_clusters, choose_backend, merge_clusters,
-                      plan_for)
+from .dpc_knn import DPCKNN, merge_clusters, use_plan
 from .ffn import ConvFFN
 from .patch_embed import OverlapPatchEmbed, tokens_to_map
 from .reducers import (AvgGridPool, CentroidAttention, GridPool,
@@ -18,7 +16,5 @@ __all__ = [
     'OverlapPatchEmbed', 'tokens_to_map', 'TokenReducer', 'Reduction',
     'build_reducer', 'reducer_class', 'apply_assignment', 'assignment_map',
     'DPCKNN', 'SoftCluster', 'CentroidAttention', 'GridPool', 'AvgGridPool',
-    'WindowLayout', 'assign_clusters', 'merge_clusters', 'PointwiseConv',
-    'soft_assignment', 'ClusteringPlan', 'plan_for', 'choose_backend',
-    'CLUSTR_SCALES'
+    'merge_clusters', 'use_plan', 'PointwiseConv', 'soft_assignment'
 ]

@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...ops.dpc_knn.common import CLUSTR_SCALES
 from .arg_checks import check_bool, check_number
 from .attention import multi_head_attention
-from .dpc_knn.common import CLUSTR_SCALES
 from .token_reducer import TokenReducer, apply_assignment, build_reducer
 
 Grid = Tuple[int, int]

@@ -33,12 +33,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...ops.dpc_knn.dispatch import plan_for
+from ...ops.dpc_knn.reference import augment
 from ...registry import register_model
 from .arg_checks import (check_bool, check_hidden_width, check_int,
                          check_number, check_optional_int)
 from .attention import split_heads
-from .dpc_knn.dispatch import plan_for
-from .dpc_knn.reference import augment
 from .patch_embed import tokens_to_map
 from .token_reducer import Grid, Reduction, TokenReducer, apply_assignment
 

@@ -4,10 +4,10 @@ the tokens' learned weights.
 The paper's three ideas are the three calls of :meth:`DPCKNN.forward`:
 
 1. ``self.layout(hw, device)``: the grid cut into clustering windows and
-   each window's cluster counts (:class:`~.common.WindowLayout`, built once
+   each window's cluster counts (:class:`~clustr_mm.ops.dpc_knn.common.WindowLayout`, built once
    per size), with the backend the dispatch chose for the device;
-2. :func:`~.dispatch.assign_clusters`: density-peak centers, each token to
-   its nearest center (the backends; :func:`~.reference.dpc_knn_reference`
+2. :func:`~clustr_mm.ops.dpc_knn.dispatch.assign_clusters`: density-peak centers, each token to
+   its nearest center (the backends; :func:`~clustr_mm.ops.dpc_knn.reference.dpc_knn_reference`
    is the algorithm step by step);
 3. :func:`merge_clusters`: the ``w``-weighted mean of each cluster's
    members.
@@ -15,7 +15,7 @@ The paper's three ideas are the three calls of :meth:`DPCKNN.forward`:
 The algorithm follows the official code (``shared/reference/clustr.md`` of
 the project's notes) with three deliberate differences: ties are broken by
 token index instead of random noise (deterministic; identical tokens are
-exactly 0 apart whatever the batch, see :mod:`.reference`), it always runs
+exactly 0 apart whatever the batch, see :mod:`clustr_mm.ops.dpc_knn.reference`), it always runs
 in fp32 without gradient, and the distance block is bounded. Every shape
 follows from the input size alone: no host synchronisation, and
 ``torch.compile`` / CUDA graphs / ``torch.jit.trace`` can capture it.
@@ -37,14 +37,15 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ....registry import register_model
-from ..arg_checks import check_dpc_knn_args
-from ..graph_safety import is_onnx_export, is_tracing
-from ..token_reducer import Grid, Reduction, TokenReducer
-from .common import (CLUSTR_SCALES, ClusteringPlan, ClusterIds,
-                     WindowLayout, cluster_counts, concat_chunks, window_tokens)
-from .dispatch import Choice, assign_clusters, choose_backend
-from .reference import DEFAULT_PRECISION, check_precision
+from ...graph_safety import is_onnx_export, is_tracing
+from ...ops.dpc_knn.common import (CLUSTR_SCALES, ClusteringPlan, ClusterIds,
+                                   Task, WindowLayout, cluster_counts,
+                                   concat_chunks, window_tokens)
+from ...ops.dpc_knn.dispatch import Choice, assign_clusters, choose_backend
+from ...ops.dpc_knn.reference import DEFAULT_PRECISION, check_precision
+from ...registry import register_model
+from .arg_checks import check_dpc_knn_args
+from .token_reducer import Grid, Reduction, TokenReducer
 
 
 def merge_clusters(x: torch.Tensor, w: torch.Tensor, ids: ClusterIds,
@@ -57,7 +58,7 @@ def merge_clusters(x: torch.Tensor, w: torch.Tensor, ids: ClusterIds,
     Args:
         x: (B, N, C) tokens; w: (B, N, 1) positive token weights; both used
             in fp32 (without autocast).
-        ids: The tokens' clusters (:func:`~.dispatch.assign_clusters`).
+        ids: The tokens' clusters (:func:`~clustr_mm.ops.dpc_knn.dispatch.assign_clusters`).
         layout: The layout ``ids`` were assigned under.
         dtype: Of the result; None: ``x``'s.
 
@@ -139,7 +140,7 @@ class DPCKNN(TokenReducer):
         sr_ratio (int): Reduction ratio r; coarse count ``n // r**2`` per
             window of n tokens.
         scale_factors (Sequence[int]): Count multiplier per scale;
-            :data:`~.common.CLUSTR_SCALES` (1, 4) is ClusTR's two nested
+            :data:`~clustr_mm.ops.dpc_knn.common.CLUSTR_SCALES` (1, 4) is ClusTR's two nested
             scales, (1, ) its single-scale ablation.
         k (int): Neighbours of the kNN density (the token itself included).
             Default 5.
@@ -210,16 +211,18 @@ class DPCKNN(TokenReducer):
                                                self.scale_factors)]
 
     def backend(self, device: Optional[torch.device]) -> Choice:
-        """Which backend clusters on ``device``, with the plan it runs and
-        why each faster backend was not taken (:func:`choose_backend`)."""
-        choice = choose_backend(device, self.plan)
+        """Which backend clusters on ``device`` (fp32 tokens, this
+        reducer's k and scales), with the plan it runs and why each faster
+        backend was not taken (:func:`choose_backend`)."""
+        task = Task(device, torch.float32, self.k, self.num_scales)
+        choice = choose_backend(task, self.plan)
         return choice._replace(plan=choice.plan._replace(
             precision=self.precision, max_chunk_elems=(
                 self.max_chunk_elems or choice.plan.max_chunk_elems)))
 
     def layout(self, hw: Tuple[int, int],
                device: torch.device) -> WindowLayout:
-        """The :class:`~.common.WindowLayout` of an ``hw`` grid under the
+        """The :class:`~clustr_mm.ops.dpc_knn.common.WindowLayout` of an ``hw`` grid under the
         plan of :meth:`backend`, built once per size (rebuilt, not cached,
         while tracing or compiling)."""
         grid, plan = (int(hw[0]), int(hw[1])), self.backend(device).plan
@@ -257,7 +260,7 @@ class DPCKNN(TokenReducer):
 
 
 def use_plan(model: nn.Module, plan: Optional[ClusteringPlan]) -> None:
-    """Set the :class:`~.common.ClusteringPlan` of every DPC-kNN reducer in
+    """Set the :class:`~clustr_mm.ops.dpc_knn.common.ClusteringPlan` of every DPC-kNN reducer in
     ``model`` (None: back to the dispatch's choice); e.g. the op census
     counts the CUDA path (``FUSED_PLAN``) on a CPU."""
     for m in model.modules():

@@ -43,7 +43,7 @@ The dispatch chooses this backend by itself only for CUDA tensors with
 Triton and ``custom_op`` (:func:`why_not`). A plan that names it (e.g. the
 op census counting the CUDA path on a CPU) runs the op anywhere: on tensors
 that are not on CUDA the op computes with the blocked backend under
-:data:`~.common.FUSED_PLAN`, unless Triton's interpreter is on
+:data:`~.dispatch.FUSED_PLAN`'s budget, unless Triton's interpreter is on
 (``TRITON_INTERPRET=1`` before this module is imported), which runs the
 kernels on the CPU for tests.
 """
@@ -54,7 +54,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 import torch
 
 from . import blocked
-from .common import FUSED_PLAN, ClusteringPlan, Padding, Windows
+from .common import BLOCK_BUDGET, ClusteringPlan, Padding, Task, Windows
 from .reference import check_precision, record, tie_tolerance
 
 try:
@@ -68,6 +68,8 @@ except ImportError:
     libdevice = None
 
 NAME = 'fused'
+# keeps no distance block: the dispatch gives it a whole window group
+HOLDS_BLOCKS = False
 HAS_CUSTOM_OP = hasattr(torch.library, 'custom_op')
 # Triton's interpreter runs the kernels on the CPU (tests); it must be on
 # before the kernels are defined.
@@ -78,6 +80,8 @@ BLOCK, BLOCK_C = 64, 16
 # Columns per tile of pass 1: it keeps k + 2 (BLOCK, KNN_BLOCK_N) tensors
 # in registers (16 registers each a thread at 4 warps), so k <= MAX_K.
 KNN_BLOCK_N, MAX_K = 32, 8
+# Scales the assignment kernel writes in one launch (ClusTR has two).
+MAX_SCALES = 2
 # Columns per tile of pass 2 (its running minimum is (BLOCK,
 # DENSER_BLOCK_N) in registers); warps of the assignment (the other layouts:
 # kernel_config).
@@ -586,9 +590,9 @@ def _assign(hi, lo, sq, tie, centers, counts: Sequence[int],
     """Step 5: (S, G, n) nearest center ids of every scale (``config``:
     as :func:`_knn_pass`'s)."""
     g, n, c = hi.shape
-    if len(counts) > 2:
-        raise ValueError(f'the fused DPC-kNN assigns at most 2 scales, got '
-                         f'{len(counts)}')
+    if len(counts) > MAX_SCALES:
+        raise ValueError(f'the fused DPC-kNN assigns at most {MAX_SCALES} '
+                         f'scales, got {len(counts)}')
     num = centers.shape[1]
     ids = torch.empty(len(counts), g, n, dtype=torch.long, device=hi.device)
     config = config or kernel_config(hi.device, c, precision)
@@ -628,12 +632,13 @@ def _triton_passes(x: torch.Tensor, counts: Sequence[int], k: int,
 
 
 def probed(x: torch.Tensor, counts: Sequence[int], k: int,
-           windows: Windows, precision: str):
+           windows: Windows, plan: ClusteringPlan):
     """The kernels' ids and their intermediate values (``probe``: as
-    :func:`~.reference.dpc_knn_reference`'s), outside the op: for comparing
-    them with another backend (:mod:`.first_use`, tests)."""
+    :func:`~.reference.dpc_knn_reference`'s) in the plan's precision,
+    outside the op: for comparing them with another backend
+    (:mod:`.first_use`, tests)."""
     probe = {}
-    ids = _triton_passes(x, counts, k, windows, precision, probe)
+    ids = _triton_passes(x, counts, k, windows, plan.precision, probe)
     return ids, probe
 
 
@@ -659,7 +664,8 @@ def _dpc_knn(x: torch.Tensor, invalid: Optional[torch.Tensor],
     g, n, _ = x.shape
     windows = Windows(x.new_ones(g, n, 1), torch.arange(n, device=x.device),
                       x.new_tensor(float('inf')), padding, center_valid)
-    return blocked.run(x, counts, k, windows, FUSED_PLAN)
+    return blocked.dpc_knn_blocked(x, counts, k, windows, BLOCK_BUDGET,
+                                   False)
 
 
 def dpc_knn_flops(g: int, n: int, c: int, centers: int) -> int:
@@ -695,12 +701,14 @@ if HAS_CUSTOM_OP:
             return dpc_knn_flops(g, n, c, max(counts))
 
 
-def why_not(device: Optional[torch.device]) -> Optional[str]:
-    """Why the dispatch does not choose this backend on ``device`` (None:
-    it does)."""
-    reason = blocked.why_not(device)  # export or trace: the reference's
+def why_not(task: Task) -> Optional[str]:
+    """Why the dispatch does not choose this backend for ``task`` (None:
+    it does): the device, what is installed, the dtype the kernels read,
+    and the sizes they hold in registers (k, scales)."""
+    reason = blocked.why_not(task)  # export or trace: the reference's
     if reason is not None:
         return reason
+    device = task.device
     if device is None or device.type != 'cuda':
         kind = 'cpu' if device is None else device.type
         return f'tensors on {kind}: the kernels run on CUDA'
@@ -710,6 +718,13 @@ def why_not(device: Optional[torch.device]) -> Optional[str]:
         return 'torch.library.custom_op is missing (torch < 2.4)'
     if not torch.cuda.is_available():
         return 'CUDA is not available'
+    if task.dtype != torch.float32:
+        return f'tokens of {task.dtype}: the kernels read float32 tokens'
+    if not 1 <= task.k <= MAX_K:
+        return f'k = {task.k}: the kernels keep at most {MAX_K} neighbours'
+    if task.scales > MAX_SCALES:
+        return (f'{task.scales} scales: the kernels assign at most '
+                f'{MAX_SCALES}')
     return None
 
 

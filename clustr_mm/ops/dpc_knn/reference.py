@@ -27,9 +27,12 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
-from .common import ClusteringPlan, Windows
+from .common import ClusteringPlan, Task, Windows
 
 NAME = 'reference'
+# holds whole distance blocks: the dispatch gives it as many windows per
+# call as fit the plan's max_chunk_elems
+HOLDS_BLOCKS = True
 
 PRECISIONS = ('ieee', 'tf32x3')
 # ClusTR's default for the fused kernels' products: 3xTF32 changes ids about
@@ -291,8 +294,9 @@ def dpc_knn_reference(x: torch.Tensor, counts: Sequence[int], k: int,
                           windows)
 
 
-def why_not(device: Optional[torch.device]) -> Optional[str]:
-    """None: the reference runs everywhere (the last backend tried)."""
+def why_not(task: Task) -> Optional[str]:
+    """None: the reference runs everywhere (the last backend tried), on
+    any device, dtype and size."""
     return None
 
 

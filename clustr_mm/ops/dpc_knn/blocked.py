@@ -16,12 +16,15 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..graph_safety import is_onnx_export, is_tracing
-from .common import ClusteringPlan, Windows, concat_chunks
+from ...graph_safety import is_onnx_export, is_tracing
+from .common import ClusteringPlan, Task, Windows, concat_chunks
 from .reference import (augment, centers_by_score, density, first_duplicate,
                         gather_columns, nearest_center, record)
 
 NAME = 'blocked'
+# holds distance blocks: the dispatch gives it as many windows per call as
+# fit the plan's max_chunk_elems
+HOLDS_BLOCKS = True
 
 _scratch = threading.local()
 _SCRATCH_LIMIT = 1 << 24  # elements (64 MB) a CPU thread may keep for reuse
@@ -71,9 +74,10 @@ def k_smallest(d: torch.Tensor, k: int, block: int = 64) -> torch.Tensor:
     return cand.topk(k, dim=-1, largest=False).values
 
 
-def why_not(device: Optional[torch.device]) -> Optional[str]:
-    """Why the dispatch does not choose this backend on ``device`` (None:
-    it does)."""
+def why_not(task: Task) -> Optional[str]:
+    """Why the dispatch does not choose this backend for ``task`` (None: it
+    does): an export or a trace records the reference's operations; any
+    device, dtype and size otherwise."""
     if is_onnx_export():
         return ('torch.onnx.export is running: the exporters take the '
                 "reference's operations")
@@ -89,6 +93,17 @@ def run(x: torch.Tensor, counts: Sequence[int], k: int, windows: Windows,
     with the plan's block budget and kNN."""
     return dpc_knn_blocked(x, counts, k, windows, plan.max_chunk_elems,
                            plan.blocked_knn)
+
+
+def probed(x: torch.Tensor, counts: Sequence[int], k: int, windows: Windows,
+           plan: ClusteringPlan):
+    """:func:`run`'s ids and the intermediate values (``probe`` of
+    :func:`~.reference.dpc_knn_reference`): the oracle of the first-use
+    check (:mod:`.first_use`)."""
+    probe = {}
+    ids = dpc_knn_blocked(x, counts, k, windows, plan.max_chunk_elems,
+                          plan.blocked_knn, probe)
+    return ids, probe
 
 
 def dpc_knn_blocked(x: torch.Tensor, counts: Sequence[int], k: int,

@@ -1,17 +1,15 @@
-"""What every part of the DPC-kNN clustering shares: the plans, the window
-layout of a token grid and the typed constants the backends read.
+"""What every part of the DPC-kNN clustering shares: the plan type, the
+window layout of a token grid and the typed constants the backends read.
 
 Nothing here reads token values: a :class:`WindowLayout` is built once per
 grid size (by the reducer), its :class:`BatchConsts` once per batch size (by
-the dispatch, :func:`~.dispatch.batch_consts`). :func:`default_plan` is the
-plan each backend runs with on a device.
+the dispatch, :func:`~.dispatch.batch_consts`). Which plan each backend runs
+with is the dispatch's decision (:func:`~.dispatch.default_plan`).
 """
 from dataclasses import dataclass
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
-
-from ..graph_safety import is_onnx_export
 
 # ClusTR's two nested scales: m = n // sr^2 clusters per window of n tokens,
 # then 4 m (the paper's N / sr^2 and 4 N / sr^2).
@@ -27,10 +25,10 @@ class ClusteringPlan(NamedTuple):
     launches) instead of clustering each window shape unpadded in its own
     call (less work); ``blocked_knn`` finds the k nearest among the blocks
     of 64 columns with the smallest minima (fewer comparisons, more ops);
-    ``kernel`` is the backend (:mod:`.dispatch`): 'blocked', 'reference' or
-    'fused'. ``precision`` is the fused kernels' distance products, 'ieee'
-    or the opt-in 'tf32x3' (the reducer's ``precision`` sets it); the other
-    backends are IEEE fp32 whatever it says.
+    ``kernel`` is the backend's ``NAME`` (:mod:`.dispatch`). ``precision``
+    is the fused kernels' distance products, 'ieee' or 'tf32x3' (the
+    reducer's ``precision`` sets it); the other backends are IEEE fp32
+    whatever it says.
     """
     max_chunk_elems: int
     pad_windows: bool
@@ -39,39 +37,20 @@ class ClusteringPlan(NamedTuple):
     precision: str = 'ieee'
 
 
-# GPUs without Triton: launches and host round trips are what cost, so one
-# block of up to 1 GiB fp32 and one padded call per stage (batch 2 at
-# 800 x 1344: stage 1 in two blocks). CPUs: work and cache misses are what
-# cost, so 4 MB blocks that stay in cache, no padded work and the blocked kNN
-# (faster on CPUs than the accelerator plan: docs/benchmarks.md).
-ACCELERATOR_PLAN = ClusteringPlan(1 << 28, True, False)
-CPU_PLAN = ClusteringPlan(1 << 20, False, True)
-# CUDA with Triton: one fused op per window group, border windows padded.
-FUSED_PLAN = ClusteringPlan(1 << 28, True, False, 'fused')
-# Under torch.jit.trace (FLOP counters, export): the reference, unpadded, so
-# the traced GEMMs are exactly the algorithm's.
-TRACE_PLAN = ClusteringPlan(1 << 28, False, False, 'reference')
-# ONNX export (either exporter): the reference (written in what the
-# exporters accept), border windows padded into one call per stage: up to 4x
-# fewer ops in the graph than one call per window shape.
-EXPORT_PLAN = ClusteringPlan(1 << 28, True, False, 'reference')
+# The largest distance block of the plans for accelerators (1 GiB fp32).
+BLOCK_BUDGET = 1 << 28
 
 
-def default_plan(kernel: str, device: Optional[torch.device]) -> ClusteringPlan:
-    """The plan backend ``kernel`` runs with on ``device`` (None: the CPU)
-    when no plan is given: fused, :data:`FUSED_PLAN`; blocked,
-    :data:`CPU_PLAN` on the CPU and :data:`ACCELERATOR_PLAN` elsewhere;
-    reference, :data:`EXPORT_PLAN` in an ONNX export, else
-    :data:`TRACE_PLAN`."""
-    if kernel == 'fused':
-        return FUSED_PLAN
-    if kernel == 'reference':
-        return EXPORT_PLAN if is_onnx_export() else TRACE_PLAN
-    if kernel == 'blocked':
-        cpu = device is None or device.type == 'cpu'
-        return CPU_PLAN if cpu else ACCELERATOR_PLAN
-    raise ValueError(f"kernel must be 'fused', 'blocked' or 'reference', "
-                     f'got {kernel!r}')
+class Task(NamedTuple):
+    """What a backend is asked to cluster, as far as sizes tell (no token
+    values are read): each backend's ``why_not(task)`` answers from it.
+    ``device`` None is the CPU; ``dtype`` that of the tokens as clustered
+    (the reducer clusters in fp32); ``k`` the density's neighbours;
+    ``scales`` the scales clustered in one call."""
+    device: Optional[torch.device] = None
+    dtype: torch.dtype = torch.float32
+    k: int = 5
+    scales: int = 2
 
 
 @dataclass(frozen=True)

@@ -1,23 +1,29 @@
-"""Which backend clusters, and the call that runs it over a layout's windows.
+"""Which backend clusters, with which plan, and the call that runs it over
+a layout's windows: the one module that decides.
 
-The backends, fastest first (:data:`BACKENDS`), each a module with the same
-three names: ``NAME``; ``why_not(device)``, None where the dispatch may
-choose it by itself, else the reason it may not; and ``run(x, counts, k,
-windows, plan)``, the (S, G, n) ids of G windows. The plan each runs with
-on a device is :func:`~.common.default_plan`.
+The backends, fastest first (:data:`BACKENDS`), each a module (or object)
+with the interface of :class:`clustr_mm.protocols.ClusteringBackend`:
+``NAME``; ``HOLDS_BLOCKS``, whether it keeps distance blocks (then it gets
+as many windows per call as fit the plan's ``max_chunk_elems``);
+``why_not(task)``, None where the dispatch may choose it by itself for a
+:class:`~.common.Task` (device, dtype, sizes), else the reason it may not;
+and ``run(x, counts, k, windows, plan)``, the (S, G, n) ids of G windows.
 
-* :mod:`.fused`: Triton kernels in one custom op (CUDA with Triton);
+* :mod:`.fused`: Triton kernels in one custom op (CUDA with Triton), wrapped
+  in :class:`~.first_use.Checked` (its first use on a device is checked
+  against the blocked backend);
 * :mod:`.blocked`: bounded distance blocks (CPUs, GPUs without Triton);
 * :mod:`.reference`: the paper's five steps over whole blocks (the oracle
   of the tests; what ``torch.jit.trace`` records).
 
-:func:`choose_backend` is the one place that decides: it walks the backends
-in that order and takes the first that may run, or the one a given plan
-names, and keeps why each one before it was not taken
-(:attr:`Choice.not_taken`, also logged at DEBUG level on the logger of this
-module). :func:`assign_clusters` cuts a batch into the layout's windows and
-hands each group of same-shaped windows to the chosen backend, with the
-constants of that batch size (:func:`batch_consts`, made once per size).
+:func:`choose_backend` walks the backends in that order and takes the first
+that may run, with its plan for the device (:func:`default_plan`, here
+too), or the one a given plan names, and keeps why each one before it was
+not taken (:attr:`Choice.not_taken`, also logged at DEBUG level on the
+logger of this module). :func:`assign_clusters` cuts a batch into the
+layout's windows and hands each group of same-shaped windows to the chosen
+backend, with the constants of that batch size (:func:`batch_consts`, made
+once per size).
 """
 import logging
 from typing import NamedTuple, Optional, Sequence, Tuple
@@ -25,14 +31,49 @@ from typing import NamedTuple, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..graph_safety import is_compiling, is_onnx_export, is_tracing
-from . import blocked, first_use, fused, reference
-from .common import (BatchConsts, ClusteringPlan, ClusterIds, GroupConsts,
-                     Padding, WindowGroup, WindowLayout, Windows,
-                     default_plan, concat_chunks)
+from ...graph_safety import is_compiling, is_onnx_export, is_tracing
+from . import blocked, fused, reference
+from .common import (BLOCK_BUDGET, BatchConsts, ClusteringPlan, ClusterIds,
+                     GroupConsts, Padding, Task, WindowGroup, WindowLayout,
+                     Windows, concat_chunks)
+from .first_use import Checked
 
-BACKENDS = (fused, blocked, reference)
+BACKENDS = (Checked(fused, blocked), blocked, reference)
 logger = logging.getLogger(__name__)
+
+# GPUs without Triton: launches and host round trips are what cost, so one
+# block of up to 1 GiB fp32 and one padded call per stage (batch 2 at
+# 800 x 1344: stage 1 in two blocks). CPUs: work and cache misses are what
+# cost, so 4 MB blocks that stay in cache, no padded work and the blocked kNN
+# (faster on CPUs than the accelerator plan: docs/benchmarks.md).
+ACCELERATOR_PLAN = ClusteringPlan(BLOCK_BUDGET, True, False, blocked.NAME)
+CPU_PLAN = ClusteringPlan(1 << 20, False, True, blocked.NAME)
+# CUDA with Triton: one fused op per window group, border windows padded.
+FUSED_PLAN = ClusteringPlan(BLOCK_BUDGET, True, False, fused.NAME)
+# Under torch.jit.trace (FLOP counters, export): the reference, unpadded, so
+# the traced GEMMs are exactly the algorithm's.
+TRACE_PLAN = ClusteringPlan(BLOCK_BUDGET, False, False, reference.NAME)
+# ONNX export (either exporter): the reference (written in what the
+# exporters accept), border windows padded into one call per stage: up to 4x
+# fewer ops in the graph than one call per window shape.
+EXPORT_PLAN = ClusteringPlan(BLOCK_BUDGET, True, False, reference.NAME)
+
+
+def default_plan(kernel: str, device: Optional[torch.device]) -> ClusteringPlan:
+    """The plan backend ``kernel`` runs with on ``device`` (None: the CPU)
+    when no plan is given: fused, :data:`FUSED_PLAN`; blocked,
+    :data:`CPU_PLAN` on the CPU and :data:`ACCELERATOR_PLAN` elsewhere;
+    reference, :data:`EXPORT_PLAN` in an ONNX export, else
+    :data:`TRACE_PLAN`."""
+    if kernel == fused.NAME:
+        return FUSED_PLAN
+    if kernel == reference.NAME:
+        return EXPORT_PLAN if is_onnx_export() else TRACE_PLAN
+    if kernel == blocked.NAME:
+        cpu = device is None or device.type == 'cpu'
+        return CPU_PLAN if cpu else ACCELERATOR_PLAN
+    names = [b.NAME for b in BACKENDS]
+    raise ValueError(f'kernel must be one of {names}, got {kernel!r}')
 
 
 class Choice(NamedTuple):
@@ -43,9 +84,10 @@ class Choice(NamedTuple):
     not_taken: Tuple[Tuple[str, str], ...]
 
 
-def choose_backend(device: Optional[torch.device],
+def choose_backend(task: Task,
                    plan: Optional[ClusteringPlan] = None) -> Choice:
-    """The backend that clusters tensors on ``device`` (None: the CPU).
+    """The backend that clusters ``task`` (:class:`~.common.Task`: device,
+    dtype, sizes).
 
     Without a ``plan`` the first of :data:`BACKENDS` whose ``why_not`` has
     no objection, with its plan for the device; with one, the backend the
@@ -57,14 +99,16 @@ def choose_backend(device: Optional[torch.device],
             reason = (None if plan.kernel == backend.NAME else
                       f'the plan names {plan.kernel!r}')
         else:
-            reason = backend.why_not(device)
+            reason = backend.why_not(task)
         if reason is None:
             choice = Choice(backend.NAME,
-                            plan or default_plan(backend.NAME, device),
+                            plan or default_plan(backend.NAME, task.device),
                             tuple(not_taken))
             if not is_compiling():
-                logger.debug('DPC-kNN on %s: %s backend; %s', device,
-                             backend.NAME, '; '.join(
+                logger.debug('DPC-kNN on %s (%s, k %d, %d scales): %s '
+                             'backend; %s', task.device or 'cpu',
+                             str(task.dtype).replace('torch.', ''), task.k,
+                             task.scales, backend.NAME, '; '.join(
                                  f'not {n}: {r}' for n, r in not_taken)
                              or 'the first choice')
             return choice
@@ -75,8 +119,9 @@ def choose_backend(device: Optional[torch.device],
 
 
 def plan_for(device: Optional[torch.device]) -> ClusteringPlan:
-    """The plan :func:`choose_backend` picks for ``device``."""
-    return choose_backend(device).plan
+    """The plan :func:`choose_backend` picks on ``device`` for ClusTR's
+    clustering (k = 5, two scales, fp32)."""
+    return choose_backend(Task(device)).plan
 
 
 _RUN = {b.NAME: b for b in BACKENDS}
@@ -103,10 +148,8 @@ def assign_clusters(x: torch.Tensor, layout: WindowLayout) -> ClusterIds:
         return ClusterIds(identity, None)
     h, w = layout.hw
     plan = layout.plan
-    backend = _RUN[plan.kernel]
-    # the fused kernels are checked against the blocked backend on their
-    # first use on a device (first_use)
-    run = first_use.run_checked if backend is fused else backend.run
+    run = _RUN[plan.kernel].run
+    holds_blocks = _RUN[plan.kernel].HOLDS_BLOCKS
     budget = plan.max_chunk_elems
     consts = batch_consts(layout, b, c)
     with torch.autocast(x.device.type, enabled=False):
@@ -122,10 +165,10 @@ def assign_clusters(x: torch.Tensor, layout: WindowLayout) -> ClusterIds:
             win = part.reshape(b, gh, sh, gw, sw, c).transpose(2, 3).reshape(
                 -1, n, c)
             counts = [grp.counts[s] for s in scales]
-            # Whole windows per call, as many as fit the block budget (the
-            # fused kernel keeps no block: all in one call).
-            per_call = (win.shape[0] if plan.kernel == 'fused' else
-                        max(1, budget // (n * n)))
+            # Whole windows per call, as many as fit the block budget (a
+            # backend that keeps no block: all in one call).
+            per_call = (max(1, budget // (n * n)) if holds_blocks else
+                        win.shape[0])
             parts = []
             if is_onnx_export():
                 # one call whatever the batch: a loop over blocks of

@@ -1,0 +1,175 @@
+"""A fast backend's first use on a device, checked against an oracle
+backend: a kernel that is wrong on a user's GPU must not silently train
+another model.
+
+:class:`Checked` wraps two backends through their public interface (the
+dispatch wraps the fused one, with the blocked one as the oracle). The
+first time the fast backend's own code runs in a process for a (device,
+window shape class), the same windows also go through the oracle, and the
+two are compared (:func:`.agreement.compare`: k nearest distances,
+densities, distance to the nearest denser token within the derived
+round-off bound; ids equal except the reference's near-ties). If they
+disagree, a warning (once per device) gives the device, its compute
+capability, the torch and Triton versions and the measured difference, and
+the oracle clusters on that device for the rest of the process.
+
+Switches (environment, read at each first use, parsed by
+:func:`clustr_mm.registry.switch`: 1/on/true/yes, 0/off/false/no, anything
+else refused): ``CLUSTR_MM_FUSED_CHECK=0`` turns the check off;
+``CLUSTR_MM_FUSED_CHECK_STRICT=1`` makes a disagreement an error (CI).
+
+Shape class: (device, precision, tokens per window, channels, whether
+windows are padded): one check per stage size of a model, so a forward at a
+new input size checks its new windows once. Cost: on each first use, one
+oracle clustering of the same windows, the comparison (a few passes over
+the (G, n, k) and (G, n, K) values) and a few host syncs; afterwards one
+dict lookup per call. The check runs eagerly only: while tracing or
+compiling (``torch.compile``, ``torch.jit.trace``) or capturing a CUDA
+graph the op runs unchecked (an eager first use, e.g. a warm-up forward,
+checks it).
+"""
+import threading
+import warnings
+from typing import Dict, Optional, Sequence, Tuple
+
+import torch
+
+from ...graph_safety import is_tracing
+from ...registry import switch
+from .agreement import compare
+from .common import ClusteringPlan, Task, Windows
+
+OFF_ENV = 'CLUSTR_MM_FUSED_CHECK'
+STRICT_ENV = 'CLUSTR_MM_FUSED_CHECK_STRICT'
+REPORT_TO = ("clustr_mm's issue tracker, with this message and the output "
+             'of `python -m torch.utils.collect_env`')
+
+_lock = threading.Lock()
+_reports: Dict[Tuple, dict] = {}  # shape class -> compare() report
+_fallen_back: Dict[str, str] = {}  # device -> the warning given
+
+
+class FusedCheckError(RuntimeError):
+    """The fast backend disagreed with its oracle (strict mode)."""
+
+
+def _device_key(device: torch.device) -> str:
+    if device.type == 'cuda':
+        index = (device.index if device.index is not None else
+                 torch.cuda.current_device())
+        return f'cuda:{index}'
+    return str(device)
+
+
+def shape_class(x: torch.Tensor, windows: Windows, precision: str) -> Tuple:
+    """The key one check covers (see the module docstring)."""
+    return (_device_key(x.device), precision, x.shape[1], x.shape[2],
+            windows.invalid is not None)
+
+
+def check_reports() -> Dict[Tuple, dict]:
+    """The comparisons made so far, per shape class (a copy)."""
+    with _lock:
+        return dict(_reports)
+
+
+def reset() -> None:
+    """Forget the checks and fallbacks of this process (tests)."""
+    with _lock:
+        _reports.clear()
+        _fallen_back.clear()
+
+
+def _enabled() -> bool:
+    return switch(OFF_ENV, True)
+
+
+def _strict() -> bool:
+    return switch(STRICT_ENV, False)
+
+
+def _capturing(x: torch.Tensor) -> bool:
+    return x.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def describe_device(device: torch.device) -> str:
+    """Device name, compute capability, torch and Triton versions."""
+    if device.type == 'cuda':
+        name = torch.cuda.get_device_name(device)
+        major, minor = torch.cuda.get_device_capability(device)
+        where = f'{name} (compute capability {major}.{minor})'
+    else:
+        where = f'{device} (Triton interpreter)'
+    try:
+        from importlib.metadata import version
+        triton_v = version('triton')
+    except ImportError:  # importlib.metadata's PackageNotFoundError too
+        triton_v = None
+    return f'{where}, torch {torch.__version__}, triton {triton_v}'
+
+
+def _message(x: torch.Tensor, key: Tuple, report: dict, fast: str,
+             oracle: str) -> str:
+    diff = ', '.join(
+        f'{name} {report[name]:.3g}x its bound' for name in
+        ('knn', 'rho', 'delta2')) + (
+        f"; {report['center_mismatches']} centers and "
+        f"{report['unexplained_ids']} ids differ beyond near-ties "
+        f"({report['id_mismatches']} ids differ in all)")
+    return (f'clustr_mm: the {fast} DPC-kNN kernels disagree with the '
+            f'{oracle} path on {describe_device(x.device)}, windows of '
+            f'{key[2]} tokens x {key[3]} channels, precision {key[1]!r}: '
+            f'{diff}. ClusTR clusters with the {oracle} path on {key[0]} for '
+            f'the rest of this process (slower, same algorithm). Please '
+            f'report it to {REPORT_TO}. {OFF_ENV}=0 skips this check; '
+            f'{STRICT_ENV}=1 makes it an error.')
+
+
+class Checked:
+    """``fast`` (a backend with ``runs_kernels(x)`` and ``probed(...)``
+    beside the backend interface) checked against ``oracle`` on first use
+    (module docstring); itself a backend under ``fast``'s name."""
+
+    def __init__(self, fast, oracle):
+        self.fast, self.oracle = fast, oracle
+        self.NAME = fast.NAME
+        self.HOLDS_BLOCKS = fast.HOLDS_BLOCKS
+
+    def why_not(self, task: Task) -> Optional[str]:
+        return self.fast.why_not(task)
+
+    def run(self, x: torch.Tensor, counts: Sequence[int], k: int,
+            windows: Windows, plan: ClusteringPlan) -> torch.Tensor:
+        """``fast.run``, checked on first use; ``oracle.run`` under the
+        same plan on a device where the check failed."""
+        fast, oracle = self.fast, self.oracle
+        if not fast.runs_kernels(x):
+            return fast.run(x, counts, k, windows, plan)
+        tracing = is_tracing()
+        device = None if tracing else _device_key(x.device)
+        if device is not None and device in _fallen_back:
+            return oracle.run(x, counts, k, windows, plan)
+        if tracing or _capturing(x) or not _enabled():
+            return fast.run(x, counts, k, windows, plan)
+        key = shape_class(x, windows, plan.precision)
+        if key in _reports:
+            return fast.run(x, counts, k, windows, plan)
+        ids, got = fast.probed(x, counts, k, windows, plan)
+        ref_ids, ref = oracle.probed(x, counts, k, windows, plan)
+        report = compare(x, counts, windows, ref, got, ref_ids, ids,
+                         plan.precision)
+        with _lock:
+            _reports[key] = report
+        if report['agree']:
+            # the same kernels again, through the op: every call is the op
+            # (the op census and torch.compile see one op per call)
+            return fast.run(x, counts, k, windows, plan)
+        message = _message(x, key, report, fast.NAME, oracle.NAME)
+        if _strict():
+            raise FusedCheckError(message)
+        with _lock:
+            first = device not in _fallen_back
+            _fallen_back[device] = message
+        if first:
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+        return ref_ids
