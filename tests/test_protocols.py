@@ -14,10 +14,12 @@ from torch import nn
 from clustr_mm.analysis.flops import analyze_flops
 from clustr_mm.models.backbones.clustr import ClusTR
 from clustr_mm.models.backbones.pretrained import load_backbone_state
-from clustr_mm.ops.dpc_knn import blocked, fused, reference
 from clustr_mm.models.layers.token_reducer import Reduction, TokenReducer
-from clustr_mm.protocols import (ClusteringBackend, backbone_strides,
-                                 flop_kind, graph_static_hw)
+from clustr_mm.ops.dpc_knn import (CPU_PLAN, blocked, dispatch, fused,
+                                   reference, register_backend)
+from clustr_mm.protocols import (CheckedBackend, ClusteringBackend,
+                                 backbone_strides, flop_kind,
+                                 graph_static_hw)
 from conftest import load_tool
 
 ARCH = dict(embed_dims=(8, 16, 32, 64), depths=(1, 1, 1, 1),
@@ -86,9 +88,74 @@ def test_a_reducer_from_the_declaration_counts_exports_and_loads(tmp_path):
 
 
 def test_the_clustering_backends_satisfy_the_declaration():
-    for backend in (fused, blocked, reference):
-        assert isinstance(backend, ClusteringBackend), backend.__name__
+    for backend in (fused, blocked, reference, *dispatch.BACKENDS):
+        assert isinstance(backend, ClusteringBackend), backend
+    # the first-use check reads these of the backend it wraps
+    assert isinstance(fused, CheckedBackend)
+    assert not isinstance(reference, CheckedBackend)
     assert backbone_strides(ClusTR) == (4, 8, 16, 32)
+
+
+class CountingBackend:
+    """A clustering backend written from the declaration alone: the
+    reference's clusters, counting its calls."""
+    NAME = 'counting'
+    HOLDS_BLOCKS = True
+
+    def __init__(self):
+        self.calls = 0
+
+    def why_not(self, task):
+        return None if task.k <= 8 else 'counts up to k = 8'
+
+    def run(self, x, counts, k, windows, plan):
+        self.calls += 1
+        return reference.run(x, counts, k, windows, plan)
+
+
+def test_a_backend_from_the_declaration_is_registered_and_chosen(
+        monkeypatch):
+    monkeypatch.setattr(dispatch, 'BACKENDS', dispatch.BACKENDS)
+    monkeypatch.setattr(dispatch, '_RUN', dict(dispatch._RUN))
+    monkeypatch.setattr(dispatch, '_REGISTERED_PLANS', {})
+    torch.manual_seed(0)
+    model = ClusTR(arch=dict(ARCH), clustering_mode='window').eval()
+    x = torch.rand(1, 3, 64, 64)
+    with torch.no_grad():
+        before = model(x)
+    backend = CountingBackend()
+    plan = CPU_PLAN._replace(kernel='counting')
+    register_backend(backend, plan, before='blocked')
+    assert [b.NAME for b in dispatch.BACKENDS] == [
+        'fused', 'counting', 'blocked', 'reference']
+    torch.manual_seed(0)
+    model = ClusTR(arch=dict(ARCH), clustering_mode='window').eval()
+    with torch.no_grad():
+        after = model(x)
+    # chosen on the CPU (fused declines), run for every clustering block,
+    # with the reference's clusters
+    assert backend.calls == 3  # stages 1-3 (stage 4 keeps every token)
+    for a, b in zip(before, after):
+        assert torch.equal(a, b)
+    reducer = model.stages[0].blocks[0].attn.clustering
+    choice = reducer.backend(torch.device('cpu'))
+    assert choice.backend == 'counting' and choice.plan.kernel == 'counting'
+    assert dispatch.default_plan('counting', None) == plan
+    # its own why_not is asked: k = 9 goes on to the blocked backend
+    reducer.k = 9
+    assert reducer.backend(torch.device('cpu')).not_taken[-1] == (
+        'counting', 'counts up to k = 8')
+    # FLOP counting traces the reference, whatever is registered
+    assert analyze_flops(model, x).by_part['backbone/clustering'] > 0
+    with pytest.raises(ValueError, match="a backend named 'counting' is "
+                       'registered'):
+        register_backend(backend, plan)
+    with pytest.raises(ValueError, match="the default plan of 'other' names "
+                       "'counting'"):
+        register_backend(type('Other', (CountingBackend, ), dict(
+            NAME='other'))(), plan)
+    with pytest.raises(TypeError, match='is not a clustering backend'):
+        register_backend(object(), plan)
 
 
 def test_a_bad_flop_kind_is_named():

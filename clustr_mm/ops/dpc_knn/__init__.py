@@ -11,10 +11,12 @@ its first use on a device, with :mod:`.agreement`'s bounds.
 from .common import CLUSTR_SCALES, ClusteringPlan, ClusterIds, Task, WindowLayout
 from .dispatch import (ACCELERATOR_PLAN, CPU_PLAN, EXPORT_PLAN, FUSED_PLAN,
                        TRACE_PLAN, Choice, assign_clusters, batch_consts,
-                       choose_backend, default_plan, plan_for)
+                       choose_backend, default_plan, plan_for,
+                       register_backend)
 
 __all__ = [
     'assign_clusters', 'choose_backend', 'Choice', 'plan_for', 'default_plan',
+    'register_backend',
     'batch_consts', 'ClusteringPlan', 'ClusterIds', 'Task', 'WindowLayout',
     'CLUSTR_SCALES', 'ACCELERATOR_PLAN', 'CPU_PLAN', 'EXPORT_PLAN',
     'FUSED_PLAN', 'TRACE_PLAN'

@@ -16,6 +16,7 @@ and ``run(x, counts, k, windows, plan)``, the (S, G, n) ids of G windows.
 * :mod:`.reference`: the paper's five steps over whole blocks (the oracle
   of the tests; what ``torch.jit.trace`` records).
 
+:func:`register_backend` adds another backend to that list.
 :func:`choose_backend` walks the backends in that order and takes the first
 that may run, with its plan for the device (:func:`default_plan`, here
 too), or the one a given plan names, and keeps why each one before it was
@@ -32,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from ...graph_safety import is_compiling, is_onnx_export, is_tracing
+from ...protocols import ClusteringBackend
 from . import blocked, fused, reference
 from .common import (BLOCK_BUDGET, BatchConsts, ClusteringPlan, ClusterIds,
                      GroupConsts, Padding, Task, WindowGroup, WindowLayout,
@@ -72,6 +74,8 @@ def default_plan(kernel: str, device: Optional[torch.device]) -> ClusteringPlan:
     if kernel == blocked.NAME:
         cpu = device is None or device.type == 'cpu'
         return CPU_PLAN if cpu else ACCELERATOR_PLAN
+    if kernel in _REGISTERED_PLANS:
+        return _REGISTERED_PLANS[kernel]
     names = [b.NAME for b in BACKENDS]
     raise ValueError(f'kernel must be one of {names}, got {kernel!r}')
 
@@ -125,6 +129,34 @@ def plan_for(device: Optional[torch.device]) -> ClusteringPlan:
 
 
 _RUN = {b.NAME: b for b in BACKENDS}
+_REGISTERED_PLANS = {}  # NAME -> default plan of a registered backend
+
+
+def register_backend(backend: ClusteringBackend, plan: ClusteringPlan,
+                     before: Optional[str] = None) -> None:
+    """Add ``backend`` to :data:`BACKENDS`, tried before the backend named
+    ``before`` (None: after all but the reference, the last resort), with
+    ``plan`` as its default plan (``plan.kernel`` must be its ``NAME``).
+    From then on :func:`choose_backend` may take it for a task its
+    ``why_not`` accepts, and a plan that names it runs it."""
+    global BACKENDS
+    if not isinstance(backend, ClusteringBackend):
+        raise TypeError(f'{backend!r} is not a clustering backend: it needs '
+                        'NAME, HOLDS_BLOCKS, why_not(task) and run(x, counts, '
+                        'k, windows, plan) (clustr_mm.protocols)')
+    if backend.NAME in _RUN:
+        raise ValueError(f'a backend named {backend.NAME!r} is registered')
+    if plan.kernel != backend.NAME:
+        raise ValueError(f'the default plan of {backend.NAME!r} names '
+                         f'{plan.kernel!r}; give plan.kernel='
+                         f'{backend.NAME!r}')
+    names = [b.NAME for b in BACKENDS]
+    if before is not None and before not in names:
+        raise ValueError(f'before={before!r}: the backends are {names}')
+    at = names.index(before or reference.NAME)
+    BACKENDS = BACKENDS[:at] + (backend, ) + BACKENDS[at:]
+    _RUN[backend.NAME] = backend
+    _REGISTERED_PLANS[backend.NAME] = plan
 
 
 @torch.no_grad()
