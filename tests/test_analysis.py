@@ -141,32 +141,27 @@ def test_dpc_knn_count_window_mode_tiles_the_grid():
 # get_flops on the four libraries
 
 
-@pytest.mark.parametrize('config,shape,parts', [
+# (config, --shape, the input it counts: the shape, the config's crop (ADE20K)
+# or codec input (pose), what the count says besides FLOPs)
+@pytest.mark.parametrize('config,shape,counted_input,counted', [
     ('configs/clustr/mask-rcnn_clustr-t_fpn_embedded-coco.py', (128, 160),
-     {'neck', 'heads'}),
-    ('configs/clustr/fpn_clustr-t_embedded-ade20k.py', None,
-     {'neck', 'heads'}),
+     [128, 160], '1000 proposals'),
+    ('configs/clustr/fpn_clustr-t_embedded-ade20k.py', None, [128, 128], ''),
     ('configs/clustr/td-hm_clustr-t_embedded-coco-wholebody.py', None,
-     {'neck', 'heads'}),
-    ('configs/paca/retinanet_paca-s_fpn_1x_coco.py', (128, 128),
-     {'neck', 'heads'}),
+     [64, 48], ''),
+    ('configs/paca/retinanet_paca-s_fpn_1x_coco.py', (128, 128), [128, 128],
+     ''),
 ])
-def test_get_flops_libraries(config, shape, parts):
+def test_get_flops_libraries(config, shape, counted_input, counted):
     tool = load_tool('get_flops')
     r = tool.get_flops(str(ROOT / config), shape)
     assert r['flops'] > 0 and r['params'] > r['backbone_params'] > 0
     assert sum(r['by_part'].values()) == r['flops']
-    assert parts <= set(r['by_part'])
+    assert {'neck', 'heads'} <= set(r['by_part'])
     assert r['by_part']['backbone/clustering'] > 0
     assert r['by_part']['backbone/attention products'] > 0
-    if shape:
-        assert r['input'][2:] == list(shape)
-    if 'mask-rcnn' in config:
-        assert '1000 proposals' in r['counted']
-    if 'ade20k' in config:
-        assert r['input'][2:] == [128, 128]  # the config's crop size
-    if 'wholebody' in config:
-        assert r['input'][2:] == [64, 48]  # the codec's input size (H, W)
+    assert r['input'][2:] == counted_input
+    assert counted in r['counted']
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import MODEL_CONFIGS, TRAINING_DATA, is_embedded, load_config
+from release_manifest import MANIFEST
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
@@ -44,32 +45,16 @@ PARAMS_TOL = {'configs/ablations/paca-s-per-block_8xb128_in1k.py': 0.15}
 
 
 # Every file of the official PaCa-ViT release (github.com/iVMCL/PaCaViT), by
-# its real name: the official README's tables link some rows to the wrong file
+# its real name, from the release manifest (tests/data/paca_release_keys.json,
+# 38 files): the official README's tables link some rows to the wrong file
 # (the ImageNet 100-100-100-100 row to the 100-81-64-49 file, the Mask R-CNN
 # small-teacher row to the tiny-teacher file), so neither of those two models
 # has a file here. The ADE20K stage-/block-wise files are PaCa-head models
-# despite their name. tests/data/paca_release_keys.json lists the same 38.
+# despite their name.
 RELEASE = RELEASE_URL
-_SMALL_ABLATIONS = ['2_0', '49_0', '49_100', '100_49', '100_blockwise']
-RELEASE_FILES = frozenset(
-    [f'IMNET_224_pacavit_{v}.pth' for v in (
-        'tiny_p2cconv_100_0', 'small_p2cconv_100_0', 'base_p2cconv_100_0',
-        'small_p2cmlp_100_0', 'convmixer_small_100', 'convmixer_base_100',
-        *(f'small_p2cconv_{a}' for a in _SMALL_ABLATIONS))]
-    + [f'mask_rcnn_pacavit_{v}_mstrain_480_800_1x_coco.pth' for v in (
-        'tiny_p2cconv_100_0', 'small_p2cconv_100_0', 'base_p2cconv_100_0',
-        'small_p2cmlp_100_0', 'convmixer_tiny_100_0', 'convmixer_base_100_0',
-        'small_p2cconv_100',
-        *(f'small_p2cconv_{a}' for a in _SMALL_ABLATIONS))]
-    + [f'{head}_pacavit_{v}_512x512_160k_ade20k.pth' for head, v in (
-        *(('upernet', f'{a}_p2cconv_100_0') for a in ('tiny', 'small', 'base')),
-        *(('pacahead', f'{a}_p2cconv_100_0') for a in ('tiny', 'small', 'base')),
-        ('pacahead', 'small_p2cmlp_100_0'),
-        ('pacahead', 'convmixer_small_100_0'),
-        ('pacahead', 'convmixer_base_100_0'),
-        *(('upernet', f'small_p2cconv_{a}')
-          for a in ('2_0', '49_0', '49_100', '100_49', '100', '100_blockwise'))
-    )])
+RELEASE_FILES = frozenset(MANIFEST)
+
+
 def imagenet_variant(cfg):
     """The release's name of the classifier a downstream PaCa-ViT config
     fine-tunes from: the release file's, or for a local path the

@@ -100,7 +100,7 @@ def test_det_inferencer(ckpt, config):
     _assert_weights_loaded(inf.model, weights)
     num_classes = len(inf.model.dataset_meta['classes'])
     assert num_classes == 80
-    with_masks = 'mask' in config
+    with_masks = 'mask_head' in cfg.model.get('roi_head', {})
     hw = _image_hw(COCO_IMAGE)
     image = str(ROOT / COCO_IMAGE)
 
