@@ -252,15 +252,21 @@ SHORT_RUN = {
 }
 
 
-# The detection learning runs (test_tools::test_detection_learns): the
-# embedded Mask R-CNN configs from random weights, seed 0, for
+# The learning runs the tests share (test_tools: test_detection_learns and
+# the *_learns_beyond_an_image_blind_predictor tests), seed 0, from random
+# weights: the embedded Mask R-CNN and RetinaNet configs for
 # DETECTION_EPOCHS epochs of 8 iterations (warm-up over 20 iterations, then
-# the configs' constant lr: their steps come later).
+# the configs' constant lr: their steps come later), the embedded UperNet
+# for its 40 iterations.
 DETECTION_EPOCHS = 4
 LEARNING_RUN = {
-    config: ('coco/bbox_mAP_50', [f'train_cfg.max_epochs={DETECTION_EPOCHS}'])
-    for config in ['configs/clustr/mask-rcnn_clustr-t_fpn_embedded-coco.py',
-                   'configs/paca/mask-rcnn_paca-t_fpn_embedded-coco.py']}
+    **{config: ('coco/bbox_mAP_50',
+                [f'train_cfg.max_epochs={DETECTION_EPOCHS}'])
+       for config in ['configs/clustr/mask-rcnn_clustr-t_fpn_embedded-coco.py',
+                      'configs/paca/mask-rcnn_paca-t_fpn_embedded-coco.py',
+                      'configs/paca/retinanet_paca-t_embedded-coco.py']},
+    'configs/paca/upernet_paca-t_embedded-ade20k.py': ('mIoU', []),
+}
 # Where the learning test runs (every stack but torch 2.1's), a config's
 # learning run also stands for its short run: the inferencer tests load the
 # trained detector instead of training a second, barely trained one.
