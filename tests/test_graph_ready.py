@@ -20,11 +20,26 @@ from clustr_mm.analysis.traffic import traffic_census
 from clustr_mm.models.backbones.clustr import ClusTR
 from clustr_mm.models.layers import SummaryAttention
 from clustr_mm.models.layers.dpc_knn import use_plan
-from clustr_mm.ops.dpc_knn import ACCELERATOR_PLAN, CPU_PLAN, FUSED_PLAN
+from clustr_mm.ops.dpc_knn import (ACCELERATOR_PLAN, CPU_PLAN, FUSED_PLAN,
+                                   fused)
 
 # `torch21` marks the tests that also run on the torch 2.1 stack; the census
 # of the fused op (torch.library.custom_op) and torch.compile need torch >= 2.4.
 torch.set_num_threads(2)
+
+
+
+@pytest.fixture(autouse=True)
+def _fused_body_without_kernels(monkeypatch):
+    """These tests count and trace the ops around the fused clustering op;
+    on a CPU its body runs the blocked backend, unless TRITON_INTERPRET=1
+    makes it run the Triton kernels in the interpreter: minutes per forward
+    at ClusTR-S's sizes, and nothing these tests look at (the kernels are
+    checked under the interpreter by tests/test_dpc_knn_*.py). Keep the
+    blocked body here either way."""
+    if fused.INTERPRET:
+        monkeypatch.setattr(fused, 'runs_kernels', lambda x: False)
+
 
 # ClusTR-S's depths, heads and ratios at a quarter of its width: the op
 # sequence depends on depths, grids and windows only (checked below against

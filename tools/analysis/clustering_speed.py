@@ -19,14 +19,20 @@ stage is kept (its LayerNorm'd tokens, windows and cluster counts). On each:
   channels reversed: fp32's own floor);
 - ``--baseline``: another implementation of the op (a module file with a
   ``_triton_passes`` of the same arguments, e.g. an earlier ``fused.py``),
-  timed and its ids compared;
+  timed and its ids compared. It is loaded inside ``clustr_mm.ops.dpc_knn``
+  (its relative imports resolve there), so a file from before a change of
+  that package needs its imports brought up to date and its op renamed, e.g.
+  the row-scan kernels of git ``ae99eaa``
+  (``clustr_mm/models/layers/dpc_knn/fused.py`` then): ``FUSED_PLAN`` from
+  ``.dispatch``, and ``clustr_mm::dpc_knn`` as ``clustr_mm::dpc_knn_old``;
 - the official code's formulation (``cluster_dpc_knn_ms``: cdist, topk and
   dense masks over whole distance blocks, in 4 batch chunks; without its
   1e-6 density noise), timed.
 
 Then the whole forward, and the forward with every call's cluster ids
 cached from a first forward (the network alone), beside ``--peer`` (a
-``benchmark.py`` model; skipped with the reason if it cannot be built).
+``benchmark_common.py`` model; skipped with the reason if it cannot be
+built).
 GPU only.
 """
 import argparse
