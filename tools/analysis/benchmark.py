@@ -152,30 +152,6 @@ def compiled_graphs():
         return None
 
 
-def profile_top(forward, sync, device, rows=15):
-    """The ops (CUDA kernels on a GPU, aten ops on the CPU) with the most
-    self time in one eval forward, by torch.profiler: which kernels a slow
-    model spends its time in, where the traffic census only bounds it."""
-    from torch.profiler import ProfilerActivity, profile
-    activities = [ProfilerActivity.CPU]
-    if device == 'cuda':
-        activities.append(ProfilerActivity.CUDA)
-    with torch.no_grad(), profile(activities=activities) as prof:
-        forward()
-        sync()
-    events = list(prof.key_averages())
-    attr = 'self_cpu_time_total'
-    if device == 'cuda':  # self device time: the kernels (torch < 2.4: cuda)
-        attr = ('self_device_time_total' if events and hasattr(
-            events[0], 'self_device_time_total') else 'self_cuda_time_total')
-    events = [e for e in events if getattr(e, attr) > 0]
-    events.sort(key=lambda e: -getattr(e, attr))
-    total = sum(getattr(e, attr) for e in events)
-    return dict(total_ms=total / 1e3, top=[
-        dict(name=e.key[:90], ms=getattr(e, attr) / 1e3, calls=e.count)
-        for e in events[:rows]])
-
-
 def time_train_step(model, x, args, sync):
     """The training step's row fields (forward, loss, backward, AdamW)."""
     model.train()
