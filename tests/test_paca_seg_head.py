@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import image_blind
-from conftest import ROOT, learning_result, run_tool
+from conftest import LEARNING_SEEDS, ROOT, learning_result, run_tool
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
 from mmengine.structures import PixelData
@@ -394,14 +394,15 @@ def test_clustr_mm_import_leaves_mmseg_unimported():
 PACA_HEAD_MARGIN = 0.6
 
 
+@pytest.mark.parametrize('seed', LEARNING_SEEDS)
 @pytest.mark.slow
-def test_embedded_config_learns(tiny_data, tmp_path):
+def test_embedded_config_learns(seed, tiny_data, tmp_path):
     """PaCa-T + PaCa head from random weights on the embedded ADE20K
-    (seed 0): mIoU after the config's 40 iterations far above the untrained
+    (seeded): mIoU after the config's 40 iterations far above the untrained
     model's, and beyond what a predictor blind to the image scores."""
     result = learning_result(
         'configs/paca/pacahead_paca-t_embedded-ade20k.py', 'mIoU', 15,
-        tmp_path)
+        tmp_path, seed=seed)
     assert result['end'] >= result['start'] + 15, result
     blind = image_blind.segmentation(tiny_data)
     assert result['end'] >= blind + PACA_HEAD_MARGIN, (blind, result)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import LEARNING_STACK, ROOT, learning_result
+from conftest import LEARNING_SEEDS, LEARNING_STACK, ROOT, learning_result
 
 from clustr_mm.models.layers import AvgGridPool
 from clustr_mm.models.necks import MultiStageAggregation
@@ -343,17 +343,18 @@ def test_learning_bar_fails_image_blind_predictions(tmp_path):
     assert _explained(people, swapped) < 0
 
 
+@pytest.mark.parametrize('seed', LEARNING_SEEDS)
 @pytest.mark.slow
 @pytest.mark.skipif(not LEARNING_STACK, reason='the learning runs run on the '
                     'default stack (torch 2.1: the neck and head tests above)')
-def test_embedded_config_learns(tiny_data, tmp_path):
+def test_embedded_config_learns(seed, tiny_data, tmp_path):
     """ClusTR-T + MultiStageAggregation + 1x1 head, from random weights on
     the embedded COCO-WholeBody (seeded): PCK@0.05 after the config's 60
     epochs far above the untrained model's and above PCK_FLOOR, and the
     trained model's keypoints follow the figures (``_explained``), which
     the mean pose, a model blind to the image, cannot."""
     from mmpose.apis import inference_topdown, init_model
-    result = learning_result(EMBEDDED, 'PCK', PCK_GAIN, tmp_path)
+    result = learning_result(EMBEDDED, 'PCK', PCK_GAIN, tmp_path, seed=seed)
     checkpoint = (tmp_path / 'last_checkpoint').read_text().strip()
     model = init_model(EMBEDDED, checkpoint, device='cpu')
     people = _people(tiny_data, 'val')
