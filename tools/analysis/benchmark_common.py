@@ -11,11 +11,10 @@ The tools, one per job (each one's docstring says how to run it):
   eager PyTorch;
 - ``plot_benchmark.py``: draws what ``benchmark.py --out`` wrote.
 
-Every (model, size) is measured in a fresh child process (the tool run
-again with ``--worker MODEL SIZE``), so no measurement is polluted by an
-earlier one. Every row of ``--out`` carries the run's facts (device, torch,
-batch, amp, command, ...) beside its own. Peers come from the installed
-mmdet.
+Each (model, size) is measured in a fresh child process (the tool run again
+with ``--worker MODEL SIZE``): no measurement is polluted by an earlier one.
+Every ``--out`` row carries the run's facts (device, torch, batch, amp,
+command, ...) beside its own. Peers come from the installed mmdet.
 """
 import argparse
 import contextlib
@@ -322,19 +321,18 @@ def run_child(tool, name, size, args):
 
 def cpu_name():
     with open('/proc/cpuinfo') as f:
-        for line in f:
-            if line.startswith('model name'):
-                return f'{line.split(":", 1)[1].strip()}, {os.cpu_count()} cores'
-    return f'CPU, {os.cpu_count()} cores'
+        names = [ln.split(':', 1)[1].strip() for ln in f
+                 if ln.startswith('model name')]
+    return f'{names[0] if names else "CPU"}, {os.cpu_count()} cores'
 
 
 def run_info(args, argv, runtime='eager', calls=None):
     """What the numbers were measured on and with; heads output and JSON.
     ``calls``: (warm-up, runs) where the tool does not time ``--runs``."""
-    device_name = (torch.cuda.get_device_name() if args.device == 'cuda'
-                   else cpu_name())
     warmup, runs = calls or (args.warmup, args.runs)
-    return dict(device=args.device, device_name=device_name,
+    return dict(device=args.device, device_name=(
+                    torch.cuda.get_device_name() if args.device == 'cuda'
+                    else cpu_name()),
                 torch=torch.__version__, amp=args.amp,
                 compile=getattr(args, 'compile', 'none'),
                 precision=args.precision, runtime=runtime, warmup=warmup,

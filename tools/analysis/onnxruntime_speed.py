@@ -7,10 +7,10 @@ child process).
 
 Per (model, size): eager PyTorch timed first (``--warmup`` then ``--runs``
 calls, median, peak RSS of the phase, as ``benchmark.py`` on the CPU); then
-the backbone is exported with ``tools/deployment/pytorch2onnx.py``'s
-``export`` (TorchScript exporter, opset 17, static input shape: the timed
-(batch, 3, H, W); ClusTR's clustering in its export formulation) to a
-temporary file and run by its ``ort_session`` (CPU execution provider,
+the backbone is exported with ``tools/deployment/onnx_export.py``'s
+``export`` (``pytorch2onnx.py``'s: TorchScript exporter, opset 17, static
+input shape: the timed (batch, 3, H, W); ClusTR's clustering in its export
+formulation) to a temporary file and run by its ``ort_session`` (CPU execution provider,
 ``intra_op_num_threads`` = ``--threads``, one inter-op thread, sequential
 execution, default graph optimisations), timed the same way. Per row: eager
 and ORT median ms, their ratio ORT / eager, the export's seconds, and the
@@ -34,12 +34,12 @@ from benchmark_common import (Table, parse_common, parser_for,  # noqa: E402
 
 
 def export_tool():
-    """``tools/deployment/pytorch2onnx.py`` as a module: the project's one
-    export path (and its ONNX Runtime session)."""
+    """``tools/deployment/onnx_export.py`` as a module: the project's one
+    export path (``pytorch2onnx.py``'s) and its ONNX Runtime session."""
     from importlib.util import module_from_spec, spec_from_file_location
     path = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))),
-                    'deployment', 'pytorch2onnx.py')
-    spec = spec_from_file_location('_benchmark_pytorch2onnx', path)
+                    'deployment', 'onnx_export.py')
+    spec = spec_from_file_location('_speed_onnx_export', path)
     module = module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
