@@ -4,21 +4,22 @@ the tokens' learned weights.
 The paper's three ideas are the three calls of :meth:`DPCKNN.forward`:
 
 1. ``self.layout(hw, device)``: the grid cut into clustering windows and
-   each window's cluster counts (:class:`~clustr_mm.ops.dpc_knn.common.WindowLayout`, built once
-   per size), with the backend the dispatch chose for the device;
-2. :func:`~clustr_mm.ops.dpc_knn.dispatch.assign_clusters`: density-peak centers, each token to
-   its nearest center (the backends; :func:`~clustr_mm.ops.dpc_knn.reference.dpc_knn_reference`
-   is the algorithm step by step);
+   each window's cluster counts (a ``WindowLayout`` of the op,
+   :mod:`clustr_mm.ops.dpc_knn`, built once per size), with the backend the
+   dispatch chose for the device;
+2. ``assign_clusters`` (the op's dispatch): density-peak centers, each
+   token to its nearest center (the backends; ``dpc_knn_reference`` in
+   ``clustr_mm/ops/dpc_knn/reference.py`` is the algorithm step by step);
 3. :func:`merge_clusters`: the ``w``-weighted mean of each cluster's
    members.
 
 The algorithm follows the official code (``shared/reference/clustr.md`` of
 the project's notes) with three deliberate differences: ties are broken by
 token index instead of random noise (deterministic; identical tokens are
-exactly 0 apart whatever the batch, see :mod:`clustr_mm.ops.dpc_knn.reference`), it always runs
-in fp32 without gradient, and the distance block is bounded. Every shape
-follows from the input size alone: no host synchronisation, and
-``torch.compile`` / CUDA graphs / ``torch.jit.trace`` can capture it.
+exactly 0 apart whatever the batch, see the op's ``reference.py``), it
+always runs in fp32 without gradient, and the distance block is bounded.
+Every shape follows from the input size alone: no host synchronisation,
+and ``torch.compile`` / CUDA graphs / ``torch.jit.trace`` can capture it.
 
 Clustering runs inside *windows* of the stage's token grid. Exact mode
 (``window_size=None``) is one window = the whole grid, i.e. the official
@@ -58,7 +59,7 @@ def merge_clusters(x: torch.Tensor, w: torch.Tensor, ids: ClusterIds,
     Args:
         x: (B, N, C) tokens; w: (B, N, 1) positive token weights; both used
             in fp32 (without autocast).
-        ids: The tokens' clusters (:func:`~clustr_mm.ops.dpc_knn.dispatch.assign_clusters`).
+        ids: The tokens' clusters (the op's ``assign_clusters``).
         layout: The layout ``ids`` were assigned under.
         dtype: Of the result; None: ``x``'s.
 
@@ -140,8 +141,8 @@ class DPCKNN(TokenReducer):
         sr_ratio (int): Reduction ratio r; coarse count ``n // r**2`` per
             window of n tokens.
         scale_factors (Sequence[int]): Count multiplier per scale;
-            :data:`~clustr_mm.ops.dpc_knn.common.CLUSTR_SCALES` (1, 4) is ClusTR's two nested
-            scales, (1, ) its single-scale ablation.
+            ``CLUSTR_SCALES`` (1, 4) is ClusTR's two nested scales, (1, )
+            its single-scale ablation.
         k (int): Neighbours of the kNN density (the token itself included).
             Default 5.
         window_size (int, optional): Clustering window side in tokens; None
@@ -222,8 +223,8 @@ class DPCKNN(TokenReducer):
 
     def layout(self, hw: Tuple[int, int],
                device: torch.device) -> WindowLayout:
-        """The :class:`~clustr_mm.ops.dpc_knn.common.WindowLayout` of an ``hw`` grid under the
-        plan of :meth:`backend`, built once per size (rebuilt, not cached,
+        """The ``WindowLayout`` of an ``hw`` grid under the plan of
+        :meth:`backend`, built once per size (rebuilt, not cached,
         while tracing or compiling)."""
         grid, plan = (int(hw[0]), int(hw[1])), self.backend(device).plan
         if is_tracing():
@@ -260,8 +261,8 @@ class DPCKNN(TokenReducer):
 
 
 def use_plan(model: nn.Module, plan: Optional[ClusteringPlan]) -> None:
-    """Set the :class:`~clustr_mm.ops.dpc_knn.common.ClusteringPlan` of every DPC-kNN reducer in
-    ``model`` (None: back to the dispatch's choice); e.g. the op census
+    """Set the ``ClusteringPlan`` of every DPC-kNN reducer in ``model``
+    (None: back to the dispatch's choice); e.g. the op census
     counts the CUDA path (``FUSED_PLAN``) on a CPU."""
     for m in model.modules():
         if isinstance(m, DPCKNN):
