@@ -226,3 +226,83 @@ def test_published_flops_are_recounted(config, metadata):
     step = 1e7 if metadata['FLOPs'] < 20e9 else 1e8
     assert round(result['flops'] / step) * step == pytest.approx(
         metadata['FLOPs']), (result['flops'], metadata['FLOPs'])
+
+
+# docs/flops.md's figures, recounted the same way: (config, what, figure as
+# the doc writes it, in G). 'total' is the whole count; 'backbone' the sum
+# of the backbone's parts; 'without' the total less the attention products
+# and the clustering (the ClusTR paper's convention); other names are parts
+# of get_flops' by_part. The rounding is the doc's (its decimals).
+FLOPS_DOC = [
+    ('configs/clustr/clustr-s_8xb128_in1k.py', 'total', '8.29'),
+    ('configs/clustr/clustr-s_8xb128_in1k.py', 'without', '4.62'),
+    ('configs/clustr/clustr-s_8xb128_in1k.py', 'backbone/clustering', '2.80'),
+    ('configs/clustr/clustr-s_8xb128_in1k.py', 'backbone/attention products',
+     '0.87'),
+    ('configs/paca/paca-t_8xb128_in1k.py', 'total', '3.24'),
+    ('configs/paca/paca-s_8xb128_in1k.py', 'total', '5.53'),
+    ('configs/paca/paca-s-mlp_8xb128_in1k.py', 'total', '5.89'),
+    ('configs/paca/paca-b_8xb128_in1k.py', 'total', '9.57'),
+    ('configs/paca/paca-s-teacher_8xb128_in1k.py', 'total', '5.52'),
+    ('configs/paca/upernet_paca-t_8xb2-160k_ade20k-512x512.py', 'total',
+     '229.8'),
+    ('configs/paca/upernet_paca-s_8xb2-160k_ade20k-512x512.py', 'total',
+     '242.7'),
+    ('configs/paca/upernet_paca-b_8xb2-160k_ade20k-512x512.py', 'total',
+     '264.1'),
+    ('configs/clustr/mask-rcnn_clustr-s_fpn_1x_coco.py', 'total', '676'),
+    ('configs/clustr/mask-rcnn_clustr-s_fpn_1x_coco.py',
+     'backbone/attention products', '360'),
+    ('configs/clustr/mask-rcnn_clustr-s_fpn_1x_coco.py',
+     'backbone/clustering', '51'),
+    ('configs/clustr/mask-rcnn_clustr-s_fpn_1x_coco.py', 'backbone', '506'),
+    ('configs/clustr/mask-rcnn_clustr-s_fpn_1x_coco.py', 'neck', '52'),
+    ('configs/clustr/mask-rcnn_clustr-s_fpn_1x_coco.py', 'heads', '118'),
+    ('configs/clustr/mask-rcnn_clustr-s_fpn_1x_coco.py', 'without', '264'),
+    ('configs/paca/mask-rcnn_paca-s_fpn_ms-1x_coco.py',
+     'backbone/attention products', '10'),
+]
+_COUNTS = {}
+
+
+def _counted(config):
+    if config not in _COUNTS:
+        import importlib
+        import sys
+        sys.path.insert(0, str(ROOT / 'tools' / 'analysis'))
+        _COUNTS[config] = importlib.import_module('get_flops').get_flops(
+            str(ROOT / config))
+    return _COUNTS[config]
+
+
+def _doc_case(config, what, figure):
+    marks = [pytest.mark.slow]
+    if dict(FLOP_ENTRIES)[config]['Input Size'] == '1280x800':  # ~30 s
+        marks.append(pytest.mark.release)
+    return pytest.param(config, what, figure, marks=marks,
+                        id=f'{Path(config).stem}-{what}')
+
+
+def test_flops_doc_states_each_recounted_figure():
+    """Each figure the test below recounts stands in docs/flops.md as
+    written there (so neither can change alone)."""
+    text = ' '.join((ROOT / 'docs' / 'flops.md').read_text().split())
+    for _, _, figure in FLOPS_DOC:
+        assert re.search(rf'(?<![\d.]){re.escape(figure)}(?![\d])', text), \
+            figure
+
+
+@pytest.mark.parametrize('config, what, figure',
+                         [_doc_case(*e) for e in FLOPS_DOC])
+def test_flops_doc_figures_are_recounted(config, what, figure):
+    result = _counted(config)
+    parts = result['by_part']
+    value = {
+        'total': result['flops'],
+        'backbone': sum(v for k, v in parts.items()
+                        if k.startswith('backbone/')),
+        'without': result['flops'] - parts['backbone/attention products']
+        - parts['backbone/clustering'],
+    }.get(what, parts.get(what)) / 1e9
+    decimals = len(figure.partition('.')[2])
+    assert round(value, decimals) == float(figure), (config, what, value)
