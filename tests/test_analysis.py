@@ -497,6 +497,22 @@ def test_benchmark_names_the_tool_a_moved_job_went_to(option, tool, capsys):
     assert f'is now its own tool: tools/analysis/{tool}' in str(exit_.value)
 
 
+def test_benchmark_tools_keep_their_documented_defaults():
+    """What each tool runs without options: benchmark.py the median of 5
+    runs after 1 warm-up on the CPU, in the model's tf32x3; the censuses
+    one counted call; ONNX Runtime timing 5 runs (a tool's own option
+    default must not be replaced by the shared parser's)."""
+    bench = load_tool('benchmark').parse_args([])
+    assert (bench.runs, bench.warmup, bench.precision, bench.device,
+            bench.amp) == (5, 1, 'tf32x3', 'cpu', 'none')
+    common = load_tool('benchmark_common')
+    census = common.parse_common(common.parser_for('x', timed=False), [])
+    assert (census.runs, census.warmup, census.precision) == (1, 1, 'tf32x3')
+    ort = load_tool('onnxruntime_speed').parse_args([])
+    assert (ort.runs, ort.warmup, ort.precision, ort.device, ort.amp) == (
+        5, 1, 'ieee', 'cpu', 'none')
+
+
 def test_benchmark_ratios_to_pvtv2():
     tool = load_tool('benchmark')
     table = tool.SpeedTable(tool.parse_args(['--train-step']))

@@ -141,20 +141,6 @@ def _status_mb(field):
     raise RuntimeError(f'{field} not in /proc/self/status')
 
 
-def reset_peak_rss():
-    """Restart the kernel's peak-RSS counter (VmHWM) from the current RSS."""
-    with open('/proc/self/clear_refs', 'w') as f:
-        f.write('5')
-
-
-def release_free_heap():
-    """Return freed heap pages to the kernel (glibc), so that memory an
-    earlier phase freed does not hide the next phase's peak RSS."""
-    trim = getattr(ctypes.CDLL(None), 'malloc_trim', None)
-    if trim is not None:
-        trim(0)
-
-
 class PeakMemory:
     """Peak memory (MB) of one phase of a measurement, per device."""
 
@@ -167,8 +153,14 @@ class PeakMemory:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         else:
-            release_free_heap()
-            reset_peak_rss()
+            # freed heap pages back to the kernel (glibc), so that memory an
+            # earlier phase freed does not hide this phase's peak RSS; then
+            # the kernel's peak-RSS counter (VmHWM) restarts from the RSS
+            trim = getattr(ctypes.CDLL(None), 'malloc_trim', None)
+            if trim is not None:
+                trim(0)
+            with open('/proc/self/clear_refs', 'w') as f:
+                f.write('5')
             self.base = _status_mb('VmRSS')
 
     def read(self):
@@ -229,13 +221,19 @@ def parser_for(doc, *, device=True, amp=True, timed=True, precision=True):
         parser.add_argument('--warmup', type=int,
                             help='untimed calls first (default 1 on cpu, 2 '
                             'on cuda)')
+    else:  # one untimed call, then the one measured
+        parser.set_defaults(runs=1, warmup=None)
     if device:
         parser.add_argument('--device', choices=('cpu', 'cuda'),
                             default='cpu')
+    else:
+        parser.set_defaults(device='cpu')
     if amp:
         parser.add_argument('--amp', choices=('none', 'bf16', 'fp16'),
                             default='none',
                             help='autocast dtype for forward and loss')
+    else:
+        parser.set_defaults(amp='none')
     if precision:
         parser.add_argument('--precision', choices=('ieee', 'tf32x3'),
                             default='tf32x3',
@@ -243,6 +241,8 @@ def parser_for(doc, *, device=True, amp=True, timed=True, precision=True):
                             "clustering: tf32x3 (3xTF32 on tensor cores, "
                             "the model's default) or ieee (fp32 FMA "
                             "products)")
+    else:  # ClusTR clusters with its IEEE fp32 backends on a CPU
+        parser.set_defaults(precision='ieee')
     parser.add_argument('--timeout', type=positive_int, default=1800,
                         help='seconds per (model, size) child')
     parser.add_argument('--out', help='write all results as JSON here')
@@ -250,8 +250,6 @@ def parser_for(doc, *, device=True, amp=True, timed=True, precision=True):
                         metavar='MODEL=S',
                         help='skip inputs above S x S pixels for MODEL')
     parser.add_argument('--worker', nargs=2, help=argparse.SUPPRESS)
-    parser.set_defaults(device='cpu', amp='none', precision='ieee',
-                        warmup=None, runs=1)
     return parser
 
 
