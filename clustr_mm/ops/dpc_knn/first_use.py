@@ -28,6 +28,7 @@ compiling (``torch.compile``, ``torch.jit.trace``) or capturing a CUDA
 graph the op runs unchecked (an eager first use, e.g. a warm-up forward,
 checks it).
 """
+import sys
 import threading
 import warnings
 from typing import Dict, Optional, Sequence, Tuple
@@ -100,11 +101,8 @@ def describe_device(device: torch.device) -> str:
         where = f'{name} (compute capability {major}.{minor})'
     else:
         where = f'{device} (Triton interpreter)'
-    try:
-        from importlib.metadata import version
-        triton_v = version('triton')
-    except ImportError:  # importlib.metadata's PackageNotFoundError too
-        triton_v = None
+    # the Triton the kernels run with, imported by the fast backend
+    triton_v = getattr(sys.modules.get('triton'), '__version__', None)
     return f'{where}, torch {torch.__version__}, triton {triton_v}'
 
 
