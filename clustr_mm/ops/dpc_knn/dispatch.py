@@ -180,8 +180,7 @@ def assign_clusters(x: torch.Tensor, layout: WindowLayout) -> ClusterIds:
         return ClusterIds(identity, None)
     h, w = layout.hw
     plan = layout.plan
-    run = _RUN[plan.kernel].run
-    holds_blocks = _RUN[plan.kernel].HOLDS_BLOCKS
+    backend = _RUN[plan.kernel]
     budget = plan.max_chunk_elems
     consts = batch_consts(layout, b, c)
     with torch.autocast(x.device.type, enabled=False):
@@ -199,21 +198,22 @@ def assign_clusters(x: torch.Tensor, layout: WindowLayout) -> ClusterIds:
             counts = [grp.counts[s] for s in scales]
             # Whole windows per call, as many as fit the block budget (a
             # backend that keeps no block: all in one call).
-            per_call = (max(1, budget // (n * n)) if holds_blocks else
-                        win.shape[0])
+            per_call = (max(1, budget // (n * n)) if backend.HOLDS_BLOCKS
+                        else win.shape[0])
             parts = []
             if is_onnx_export():
                 # one call whatever the batch: a loop over blocks of
                 # windows would fix the batch in the graph (torch.export
                 # specialises it)
-                parts.append(run(win, counts, layout.k, group.windows,
-                                 plan))
+                parts.append(backend.run(win, counts, layout.k,
+                                         group.windows, plan))
             for g0 in ([] if is_onnx_export() else
                        range(0, win.shape[0], per_call)):
                 sl = (slice(0, None) if per_call >= win.shape[0] else
                       slice(g0, g0 + per_call))
-                parts.append(run(win[sl], counts, layout.k,
-                                 window_block(group.windows, sl), plan))
+                parts.append(backend.run(win[sl], counts, layout.k,
+                                         window_block(group.windows, sl),
+                                         plan))
             local = concat_chunks(parts, 1)
             if layout.token_pos is None:
                 stacked = local.view(len(scales), b, n_tok)
