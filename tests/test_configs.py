@@ -14,6 +14,7 @@ from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
 from clustr_mm.checkpoints.paca_official import RELEASE_URL, release_variant
+from clustr_mm.engine.launch import build_in_scope
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = [str(p.relative_to(ROOT)) for p in MODEL_CONFIGS]
@@ -110,11 +111,7 @@ def release_file(cfg):
 
 
 def build_model(cfg):
-    scope = cfg.default_scope
-    importlib.import_module(f'{scope}.utils').register_all_modules(False)
-    registry = importlib.import_module(f'{scope}.registry').MODELS
-    with DefaultScope.overwrite_default_scope(scope):
-        return registry.build(cfg.model)
+    return build_in_scope(cfg.model, cfg.default_scope)
 
 
 def test_configs_found():

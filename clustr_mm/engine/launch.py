@@ -5,18 +5,32 @@ serves them all here. The config's ``default_scope`` names the library, and the
 few behaviours that differ per library are dispatched on it.
 """
 import argparse
+import importlib
 import os
 import os.path as osp
 import re
 
 import torch
 from mmengine.config import Config, DictAction
+from mmengine.registry import DefaultScope
+from torch import nn
 
 from ..env_check import check_scope
 from ..models.heads import LAZY_HEADS
 from ..registry import skip_note
 
 SCOPES = ('mmpretrain', 'mmdet', 'mmseg', 'mmpose')
+
+
+def build_in_scope(model_cfg, scope: str) -> nn.Module:
+    """``model_cfg`` built by the MODELS registry of library ``scope`` (one
+    of :data:`SCOPES`), its modules registered and its scope current: how
+    the analysis and export tools build a config's model without a
+    runner."""
+    importlib.import_module(f'{scope}.utils').register_all_modules(False)
+    registry = importlib.import_module(f'{scope}.registry').MODELS
+    with DefaultScope.overwrite_default_scope(scope):
+        return registry.build(model_cfg)
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:

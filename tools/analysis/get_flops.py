@@ -36,7 +36,6 @@ the data preprocessor's ``size`` or 512 512 (mmseg), the codec's input size
 or 256 192 (mmpose).
 """
 import argparse
-import importlib
 import json
 import math
 import os
@@ -47,13 +46,12 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 import torch  # noqa: E402
 from mmengine.config import Config, DictAction  # noqa: E402
-from mmengine.registry import DefaultScope  # noqa: E402
 
 import clustr_mm  # noqa: E402,F401  (registers the backbones)
 from clustr_mm.analysis.flops import FlopReport, analyze_flops  # noqa: E402
 from clustr_mm.engine.cli_args import positive_int  # noqa: E402
+from clustr_mm.engine.launch import SCOPES, build_in_scope  # noqa: E402
 
-SCOPES = ('mmpretrain', 'mmdet', 'mmseg', 'mmpose')
 PART_LABELS = {
     'backbone/embedding': 'backbone: patch embedding / stem / downsampling',
     'backbone/attention projections': 'backbone: attention projections',
@@ -73,10 +71,7 @@ def build_model(cfg: Config) -> torch.nn.Module:
     if scope not in SCOPES:
         raise ValueError(f'default_scope must be one of {SCOPES}, got '
                          f'{scope!r}')
-    importlib.import_module(f'{scope}.utils').register_all_modules(False)
-    registry = importlib.import_module(f'{scope}.registry').MODELS
-    with DefaultScope.overwrite_default_scope(scope):
-        return registry.build(cfg.model)
+    return build_in_scope(cfg.model, scope)
 
 
 def load_weights(model: torch.nn.Module, checkpoint: str) -> dict:

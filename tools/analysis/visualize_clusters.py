@@ -32,7 +32,6 @@ edges). Only the backbone runs.
 """
 import argparse
 import colorsys
-import importlib
 import os
 import os.path as osp
 import sys
@@ -111,18 +110,15 @@ def build_model(config: str, checkpoint: Optional[str] = None,
                 cfg_options: Optional[dict] = None):
     """(model, cfg): the config's model, built by its library's registry."""
     from mmengine.config import Config
-    from mmengine.registry import DefaultScope
 
     import clustr_mm  # noqa: F401
     from clustr_mm.checkpoints import load_backbone_state, read_checkpoint
+    from clustr_mm.engine.launch import build_in_scope
     cfg = Config.fromfile(config)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
     scope = cfg.get('default_scope', 'mmdet')
-    importlib.import_module(f'{scope}.utils').register_all_modules(False)
-    registry = importlib.import_module(f'{scope}.registry').MODELS
-    with DefaultScope.overwrite_default_scope(scope):
-        model = registry.build(cfg.model)
+    model = build_in_scope(cfg.model, scope)
     if checkpoint:
         state = read_checkpoint(checkpoint)
         whole = any(k.startswith('backbone.') for k in state)

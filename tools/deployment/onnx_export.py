@@ -4,7 +4,6 @@ onnxruntime_speed.py`` share. ``TensorPath`` is what a model exports (see
 ``pytorch2onnx.py``'s docstring), ``export`` writes the graph,
 ``ort_session`` and ``compare`` run it against PyTorch.
 """
-import importlib
 import inspect
 import os.path as osp
 import sys
@@ -19,9 +18,9 @@ from mmengine.config import Config  # noqa: E402
 from torch import nn  # noqa: E402
 
 import clustr_mm  # noqa: E402,F401  (registers the backbones)
+from clustr_mm.engine.launch import SCOPES, build_in_scope  # noqa: E402
 from clustr_mm.protocols import graph_static_hw  # noqa: E402
 
-SCOPES = ('mmpretrain', 'mmdet', 'mmseg', 'mmpose')
 EXPORTERS = ('torchscript', 'dynamo')
 
 
@@ -35,7 +34,7 @@ class ExportError(RuntimeError):
 
 def build_model(cfg: Config) -> Tuple[nn.Module, Optional[str]]:
     """(model, its library's scope or None for a bare backbone config)."""
-    from mmengine.registry import MODELS, DefaultScope
+    from mmengine.registry import MODELS
     if not isinstance(cfg.get('model'), dict):
         raise ExportError(f'{cfg.filename}: the config has no model = dict('
                           '...); give a config of a model or a backbone')
@@ -45,10 +44,7 @@ def build_model(cfg: Config) -> Tuple[nn.Module, Optional[str]]:
     if scope not in SCOPES:
         raise ExportError(f'default_scope must be one of {SCOPES} or unset, '
                           f'got {scope!r}')
-    importlib.import_module(f'{scope}.utils').register_all_modules(False)
-    registry = importlib.import_module(f'{scope}.registry').MODELS
-    with DefaultScope.overwrite_default_scope(scope):
-        return registry.build(cfg.model), scope
+    return build_in_scope(cfg.model, scope), scope
 
 
 def load_weights(module: nn.Module, checkpoint: str, backbone: bool) -> None:
