@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import MODEL_CONFIGS, load_config
+from conftest import MODEL_CONFIGS, load_config, load_tool
 from test_configs import (CONFIGS, RELEASE, RELEASE_FILES, ROOT, build_model,
                           release_file)
 
@@ -213,14 +213,21 @@ def _flop_case(config, metadata):
     return pytest.param(config, metadata, marks=marks, id=config)
 
 
+_COUNTS = {}
+
+
+def _counted(config):
+    """``get_flops.py``'s count of ``config`` at its default input, once
+    per config and process (the metafile and the docs share counts)."""
+    if config not in _COUNTS:
+        _COUNTS[config] = load_tool('get_flops').get_flops(str(ROOT / config))
+    return _COUNTS[config]
+
+
 @pytest.mark.parametrize('config, metadata',
                          [_flop_case(*e) for e in FLOP_ENTRIES])
 def test_published_flops_are_recounted(config, metadata):
-    import importlib
-    import sys
-    sys.path.insert(0, str(ROOT / 'tools' / 'analysis'))
-    tool = importlib.import_module('get_flops')
-    result = tool.get_flops(str(ROOT / config))
+    result = _counted(config)
     size = sorted(int(s) for s in metadata['Input Size'].split('x'))
     assert sorted(result['input'][2:]) == size, result['input']
     step = 1e7 if metadata['FLOPs'] < 20e9 else 1e8
@@ -262,19 +269,6 @@ FLOPS_DOC = [
     ('configs/paca/mask-rcnn_paca-s_fpn_ms-1x_coco.py',
      'backbone/attention products', '10'),
 ]
-_COUNTS = {}
-
-
-def _counted(config):
-    if config not in _COUNTS:
-        import importlib
-        import sys
-        sys.path.insert(0, str(ROOT / 'tools' / 'analysis'))
-        _COUNTS[config] = importlib.import_module('get_flops').get_flops(
-            str(ROOT / config))
-    return _COUNTS[config]
-
-
 def _doc_case(config, what, figure):
     marks = [pytest.mark.slow]
     if dict(FLOP_ENTRIES)[config]['Input Size'] == '1280x800':  # ~30 s

@@ -201,7 +201,6 @@ def _zoo_name(arch: dict, clustering: str):
     return arch
 
 
-
 # The keys that identify an official PaCa-ViT backbone (timm names).
 SIGNATURE = ('patch_embed.proj.0.weight', 'stage1.0.attn.q.weight')
 TIMM = 'timm ImageNet classifier'
