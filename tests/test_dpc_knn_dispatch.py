@@ -191,3 +191,21 @@ def test_the_first_use_check_wraps_any_backend_by_its_interface(
     assert torch.equal(ids, want)
     assert checked.run(win, counts, 5, windows, CPU_PLAN).equal(want)
     assert Swapped.calls == []  # after the failed check: the oracle only
+
+    # Another fast backend on the same device and windows has a check and a
+    # fallback of its own: the swapped one's failure does not replace it.
+    class Honest(Swapped):
+        NAME = 'honest'
+        calls = []
+
+        def probed(self, x, counts, k, windows, plan):
+            return blocked.probed(x, counts, k, windows, plan)
+
+    honest = first_use.Checked(Honest(), blocked)
+    assert honest.run(win, counts, 5, windows, CPU_PLAN).equal(want)
+    assert honest.run(win, counts, 5, windows, CPU_PLAN).equal(want)
+    assert Honest.calls == ['run', 'run']
+    reports = first_use.check_reports()
+    assert {(key.backend, report['agree'])
+            for key, report in reports.items()} == {('swapped', False),
+                                                    ('honest', True)}

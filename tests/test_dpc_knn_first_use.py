@@ -82,7 +82,7 @@ def test_first_use_passes_and_keeps_the_fused_op(kernels):
     reports = first_use.check_reports()
     assert len(reports) == 1
     (key, report), = reports.items()
-    assert key == ('cpu', 'ieee', WS * WS, C, True)
+    assert key == ('fused', 'cpu', 'ieee', WS * WS, C, True)
     print(f'[first-use] {report}')
     # round-off far inside the worst-case bound (this case: 0.0130 of it
     # measured, 2026-11-27; ~3x that)
@@ -109,7 +109,8 @@ def test_wrong_kernel_falls_back_to_blocked_with_a_warning(kernels,
     assert f"knn {report['knn']:.3g}x its bound" in message
     for part in ('Triton interpreter', f'torch {torch.__version__}',
                  'triton 3.', "issue tracker", first_use.OFF_ENV,
-                 'blocked path on cpu for the rest of this process'):
+                 'blocked path instead of the fused one on cpu for the rest '
+                 'of this process'):
         assert part in message, (part, message)
     for a, b in zip(ids, blocked_assign(x)):
         assert torch.equal(a, b)

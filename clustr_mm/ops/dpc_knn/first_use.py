@@ -4,22 +4,24 @@ another model.
 
 :class:`Checked` wraps two backends through their public interface (the
 dispatch wraps the fused one, with the blocked one as the oracle). The
-first time the fast backend's own code runs in a process for a (device,
-window shape class), the same windows also go through the oracle, and the
+first time the fast backend's own code runs in a process for a window
+shape class, the same windows also go through the oracle, and the
 two are compared (:func:`.agreement.compare`: k nearest distances,
 densities, distance to the nearest denser token within the derived
 round-off bound; ids equal except the reference's near-ties). If they
-disagree, a warning (once per device) gives the device, its compute
-capability, the torch and Triton versions and the measured difference, and
-the oracle clusters on that device for the rest of the process.
+disagree, a warning (once per backend and device) gives the device, its
+compute capability, the torch and Triton versions and the measured
+difference, and the oracle clusters in that backend's place on that device
+for the rest of the process.
 
 Switches (environment, read at each first use, parsed by
 :func:`clustr_mm.registry.switch`: 1/on/true/yes, 0/off/false/no, anything
 else refused): ``CLUSTR_MM_FUSED_CHECK=0`` turns the check off;
 ``CLUSTR_MM_FUSED_CHECK_STRICT=1`` makes a disagreement an error (CI).
 
-Shape class: (device, precision, tokens per window, channels, whether
-windows are padded): one check per stage size of a model, so a forward at a
+Shape class: (fast backend, device, precision, tokens per window,
+channels, whether windows are padded): one check per backend and stage
+size of a model, so a forward at a
 new input size checks its new windows once. Cost: on each first use, one
 oracle clustering of the same windows, the comparison (a few passes over
 the (G, n, k) and (G, n, K) values) and a few host syncs; afterwards one
@@ -31,7 +33,7 @@ checks it).
 import sys
 import threading
 import warnings
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -45,9 +47,21 @@ STRICT_ENV = 'CLUSTR_MM_FUSED_CHECK_STRICT'
 REPORT_TO = ("clustr_mm's issue tracker, with this message and the output "
              'of `python -m torch.utils.collect_env`')
 
+
+class ShapeClass(NamedTuple):
+    """What one check covers (see the module docstring)."""
+    backend: str
+    device: str
+    precision: str
+    tokens: int
+    channels: int
+    padded: bool
+
+
 _lock = threading.Lock()
-_reports: Dict[Tuple, dict] = {}  # shape class -> compare() report
-_fallen_back: Dict[str, str] = {}  # device -> the warning given
+_reports: Dict[ShapeClass, dict] = {}  # shape class -> compare() report
+# (fast backend, device) -> the warning given
+_fallen_back: Dict[Tuple[str, str], str] = {}
 
 
 class FusedCheckError(RuntimeError):
@@ -62,13 +76,15 @@ def _device_key(device: torch.device) -> str:
     return str(device)
 
 
-def shape_class(x: torch.Tensor, windows: Windows, precision: str) -> Tuple:
-    """The key one check covers (see the module docstring)."""
-    return (_device_key(x.device), precision, x.shape[1], x.shape[2],
-            windows.invalid is not None)
+def shape_class(backend: str, x: torch.Tensor, windows: Windows,
+                precision: str) -> ShapeClass:
+    """The shape class of ``x``'s windows for the fast backend named
+    ``backend``."""
+    return ShapeClass(backend, _device_key(x.device), precision, x.shape[1],
+                      x.shape[2], windows.invalid is not None)
 
 
-def check_reports() -> Dict[Tuple, dict]:
+def check_reports() -> Dict[ShapeClass, dict]:
     """The comparisons made so far, per shape class (a copy)."""
     with _lock:
         return dict(_reports)
@@ -106,7 +122,7 @@ def describe_device(device: torch.device) -> str:
     return f'{where}, torch {torch.__version__}, triton {triton_v}'
 
 
-def _message(x: torch.Tensor, key: Tuple, report: dict, fast: str,
+def _message(x: torch.Tensor, key: ShapeClass, report: dict,
              oracle: str) -> str:
     diff = ', '.join(
         f'{name} {report[name]:.3g}x its bound' for name in
@@ -114,11 +130,12 @@ def _message(x: torch.Tensor, key: Tuple, report: dict, fast: str,
         f"; {report['center_mismatches']} centers and "
         f"{report['unexplained_ids']} ids differ beyond near-ties "
         f"({report['id_mismatches']} ids differ in all)")
-    return (f'clustr_mm: the {fast} DPC-kNN kernels disagree with the '
-            f'{oracle} path on {describe_device(x.device)}, windows of '
-            f'{key[2]} tokens x {key[3]} channels, precision {key[1]!r}: '
-            f'{diff}. ClusTR clusters with the {oracle} path on {key[0]} for '
-            f'the rest of this process (slower, same algorithm). Please '
+    return (f'clustr_mm: the {key.backend} DPC-kNN kernels disagree with '
+            f'the {oracle} path on {describe_device(x.device)}, windows of '
+            f'{key.tokens} tokens x {key.channels} channels, precision '
+            f'{key.precision!r}: {diff}. ClusTR clusters with the {oracle} '
+            f'path instead of the {key.backend} one on {key.device} for the '
+            f'rest of this process (slower, same algorithm). Please '
             f'report it to {REPORT_TO}. {OFF_ENV}=0 skips this check; '
             f'{STRICT_ENV}=1 makes it an error.')
 
@@ -144,12 +161,12 @@ class Checked:
         if not fast.runs_kernels(x):
             return fast.run(x, counts, k, windows, plan)
         tracing = is_tracing()
-        device = None if tracing else _device_key(x.device)
+        device = None if tracing else (fast.NAME, _device_key(x.device))
         if device is not None and device in _fallen_back:
             return oracle.run(x, counts, k, windows, plan)
         if tracing or _capturing(x) or not _enabled():
             return fast.run(x, counts, k, windows, plan)
-        key = shape_class(x, windows, plan.precision)
+        key = shape_class(fast.NAME, x, windows, plan.precision)
         if key in _reports:
             return fast.run(x, counts, k, windows, plan)
         ids, got = fast.probed(x, counts, k, windows, plan)
@@ -162,7 +179,7 @@ class Checked:
             # the same kernels again, through the op: every call is the op
             # (the op census and torch.compile see one op per call)
             return fast.run(x, counts, k, windows, plan)
-        message = _message(x, key, report, fast.NAME, oracle.NAME)
+        message = _message(x, key, report, oracle.NAME)
         if _strict():
             raise FusedCheckError(message)
         with _lock:
