@@ -136,6 +136,21 @@ def test_amp_forward_backward_near_fp32(name, dtype, device):
     assert grad < AMP_GRAD_TOL[dtype], grad
 
 
+def worst(got, want, atol):
+    """The largest absolute difference over tensor pairs and the smallest
+    rtol that ``torch.testing.assert_close(got, want, rtol, atol)`` would
+    pass with: printed beside a bound so a GPU run gives its measured value
+    (docs/reliability.md)."""
+    diff = rtol = 0.0
+    for g, w in zip(got, want):
+        d = (g.detach().double() - w.detach().double()).abs()
+        diff = max(diff, float(d.max()))
+        need = (d - atol).clamp(min=0) / w.detach().double().abs()
+        rtol = max(rtol, float(torch.nan_to_num(need, posinf=float('inf'))
+                               .max()))
+    return dict(max_abs=f'{diff:.3g}', rtol_needed=f'{rtol:.3g}')
+
+
 # --------------------------------------------------------------------------
 # Gradient checkpointing.
 @pytest.mark.cuda
@@ -151,9 +166,11 @@ def test_with_cp_gradients_on_cuda(name):
     x = torch.randn(2, 3, 64, 40).cuda()
     outs, grads = loss_and_grads(plain, x)
     cp_outs, cp_grads = loss_and_grads(cp, x)
+    assert set(grads) == set(cp_grads)
+    print(f'[with_cp] {name}: outputs {worst(cp_outs, outs, 1e-5)}, '
+          f'gradients {worst(cp_grads.values(), grads.values(), 1e-5)}')
     for a, b in zip(outs, cp_outs):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
-    assert set(grads) == set(cp_grads)
     for n in grads:
         torch.testing.assert_close(cp_grads[n], grads[n], rtol=1e-3,
                                    atol=1e-5, msg=n)
@@ -186,6 +203,9 @@ def test_mmcv_nms_and_roi_align_cuda_equal_cpu():
         out = align(f, rois.to(device))
         out.square().sum().backward()
         outs.append((out.detach().cpu(), f.grad.cpu()))
+    print(f'[mmcv] RoIAlign CUDA vs CPU: outputs '
+          f'{worst([outs[1][0]], [outs[0][0]], 1e-5)}, input gradients '
+          f'{worst([outs[1][1]], [outs[0][1]], 1e-4)}')
     torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(outs[1][1], outs[0][1], rtol=1e-4, atol=1e-4)
 
