@@ -82,18 +82,22 @@ def windows(hw, window_size, sr_ratio, channels, batch, device='cpu',
     return x, [group.counts[s] for s in layout.clustered], consts
 
 
-def fused_agreement(x, counts, consts, precision='ieee', k=5):
+def fused_agreement(x, counts, consts, precision='ieee', k=5, prune=False):
     """:func:`~clustr_mm.ops.dpc_knn.agreement.compare` of the
-    fused kernels (``precision``) with the reference (IEEE fp32) on the
-    same windows; also the ids the reference gives with its channels
-    reversed (fp32 summed in another order: ``precision_check.py``'s
-    round-off floor), as ``reordered`` (% of ids that differ)."""
+    fused kernels (``precision``; ``prune``: their layout with pass 2
+    pruned, ``fused.kernel_config(..., prune=True)``) with the reference
+    (IEEE fp32) on the same windows; also the ids the reference gives with
+    its channels reversed (fp32 summed in another order:
+    ``precision_check.py``'s round-off floor), as ``reordered`` (% of ids
+    that differ)."""
     from clustr_mm.ops.dpc_knn import FUSED_PLAN, fused
     from clustr_mm.ops.dpc_knn.agreement import compare
     from clustr_mm.ops.dpc_knn.reference import dpc_knn_reference
     ref = {}
+    config = fused.kernel_config(x.device, x.shape[2], precision, prune)
     got_ids, got = fused.probed(x, counts, k, consts,
-                                FUSED_PLAN._replace(precision=precision))
+                                FUSED_PLAN._replace(precision=precision),
+                                config)
     ref_ids = dpc_knn_reference(x, counts, k, consts, probe=ref)
     report = compare(x, counts, consts, ref, got, ref_ids, got_ids,
                      precision)

@@ -55,19 +55,26 @@ ID_SLACK_PCT, ID_SAMPLE = 0.05, 12_000
 
 @pytest.mark.cuda
 @needs_triton
+@pytest.mark.parametrize('prune', [False, True], ids=['full', 'pruned'])
 @pytest.mark.parametrize('precision', ['ieee', 'tf32x3'])
 @pytest.mark.parametrize('case', sorted(FUSED_CASES))
-def test_fused_kernels_match_reference(case, precision, ieee_matmul):
+def test_fused_kernels_match_reference(case, precision, prune, ieee_matmul):
     """Values within the derived bound, ids equal except the reference's
     near-ties (dpc_knn_agreement), and no more ids changed than fp32 itself
     changes when it sums the channels in another order (the floor
     ``tools/analysis/precision_check.py`` measures), on at least
-    ID_SAMPLE token ids (batch 2 or more)."""
+    ID_SAMPLE token ids (batch 2 or more); pass 2 in full and pruned."""
+    from clustr_mm.ops.dpc_knn import fused
     hw, ws, sr, c = FUSED_CASES[case]
+    if prune and not fused.kernel_config(torch.device('cuda'), c, precision,
+                                         prune).prune_denser:
+        pytest.skip(f'no pruned layout for {c} channels in {precision} on '
+                    'this GPU (fused.kernel_config)')
     batch = max(2, -(-ID_SAMPLE // (hw[0] * hw[1])))
     x, counts, consts = windows(hw, ws, sr, c, batch, device='cuda')
-    report = fused_agreement(x, counts, consts, precision)
-    print(f'[agreement] {case}-{precision}: {json.dumps(report)}')
+    report = fused_agreement(x, counts, consts, precision, prune=prune)
+    print(f'[agreement] {case}-{precision}-{"pruned" if prune else "full"}: '
+          f'{json.dumps(report)}')
     assert report['agree'], report
     assert report['fused_pct'] <= report['reordered_pct'] + ID_SLACK_PCT, \
         report

@@ -48,8 +48,8 @@ def pass1_matches_full_matrix(n, g, c):
     _, _, tie = augment(x, None, invalid)
     k = min(5, n)
     hi, lo, sq, tie_k = fused._prep(x, invalid, 'ieee')
-    knn, _, rowmax, first = fused._knn_pass(hi, lo, sq, tie_k, None, k,
-                                            'ieee')
+    pass1 = fused._knn_pass(hi, lo, sq, tie_k, None, k, 'ieee')
+    knn, rowmax, first = pass1.knn, pass1.rowmax, pass1.first
     d = x.pow(2).sum(-1)[:, :, None] + x.pow(2).sum(-1)[:, None, :] - (
         2 * x @ x.transpose(1, 2))
     d = d.masked_fill(invalid[:, :, None] | invalid[:, None, :],
@@ -383,8 +383,10 @@ def test_kernels_compile_for_gpus(arch):
 
 def compile_and_check(arch):
     """Compile every kernel for ``arch`` in the layouts the op launches
-    (ClusTR's 64 and 256 channels: rows loaded once or per tile) and check
-    ptxas's usage; for pass 1 at 64 channels in 'tf32x3' (stage 1), the
+    (ClusTR's 64, 128 and 256 channels: rows loaded once or per tile) and
+    the same with pass 2 pruned (``kernel_config(..., prune=True)``), and
+    check ptxas's usage; for pass 1 at 64 channels in 'tf32x3' (stage 1),
+    the
     tile loop's instructions per distance and that the selection adds no
     shuffle and no barrier to it (the two barriers left stage the column
     tile in shared memory for the tensor-core products)."""
@@ -401,25 +403,39 @@ def compile_and_check(arch):
         x_ptr='*fp32', pad_ptr='*u8', hi_ptr='*fp32', lo_ptr='*fp32',
         sq_ptr='*fp32', tie_ptr='*fp32', total='i32'), dict(
         TIE=1e-5, C=64, BLOCK_R=32, BLOCK_C=64, HAS_PAD=True, SPLIT=True),
-        4, 3)}
+        4, 3),
+        '_pending_kernel': (f._pending_kernel, dict(
+            sq_ptr='*fp32', tie_ptr='*fp32', order_ptr='*i64',
+            rho_ptr='*fp32', rowmax_ptr='*fp32', near_ptr='*i32',
+            near_d_ptr='*fp32', delta2_ptr='*fp32', score_ptr='*fp32',
+            dmax2_ptr='*fp32', pending_ptr='*i32', count_ptr='*i32',
+            n='i32'), dict(C=64, BLOCK=f.PENDING_BLOCK), 4, 1)}
     for c in (64, 128, 256):  # ClusTR's clustered stages
         for precision in ('ieee', 'tf32x3'):  # the products' precisions
-            config = f.kernel_config(device, c, precision)
-            tiles = dict(BLOCK=f.BLOCK, BLOCK_C=f.BLOCK_C, C=c,
-                         PRECISION=precision, ROWS_ONCE=config.rows_once)
-            kernels[f'_knn_kernel-{precision}-{c}'] = (f._knn_kernel, dict(
-                rows, scale_ptr='*fp32', knn_ptr='*fp32', rho_ptr='*fp32',
-                rowmax_ptr='*fp32', first_ptr='*i64', n='i32'),
-                dict(tiles, K=5, BLOCK_N=f.KNN_BLOCK_N, MASKED=False,
-                     HAS_SCALE=False, LIBDEVICE=True), config.warps,
-                config.stages)
-            kernels[f'_denser_kernel-{precision}-{c}'] = (
-                f._denser_kernel, dict(
-                    rows, order_ptr='*i64', rho_ptr='*fp32',
-                    rowmax_ptr='*fp32', delta2_ptr='*fp32',
-                    score_ptr='*fp32', n='i32'),
-                dict(tiles, BLOCK_N=f.DENSER_BLOCK_N, MASKED=False),
-                config.denser_warps, config.stages)
+            # the layout, and the same pruned (where kernel_config has one)
+            for config in {f.kernel_config(device, c, precision, prune)
+                           for prune in (False, True)}:
+                pruned = '-pruned' if config.prune_denser else ''
+                name = f'{precision}-{c}{pruned}'
+                tiles = dict(BLOCK=f.BLOCK, BLOCK_C=f.BLOCK_C, C=c,
+                             PRECISION=precision, ROWS_ONCE=config.rows_once)
+                kernels[f'_knn_kernel-{name}'] = (f._knn_kernel, dict(
+                    rows, scale_ptr='*fp32', knn_ptr='*fp32',
+                    rho_ptr='*fp32', rowmax_ptr='*fp32', first_ptr='*i64',
+                    near_ptr='*i32', near_d_ptr='*fp32', n='i32'),
+                    dict(tiles, K=5, BLOCK_N=f.KNN_BLOCK_N, MASKED=False,
+                         HAS_SCALE=False, LIBDEVICE=True,
+                         NEAREST=config.prune_denser), config.warps,
+                    config.stages)
+                kernels[f'_denser_kernel-{name}'] = (
+                    f._denser_kernel, dict(
+                        rows, order_ptr='*i64', rho_ptr='*fp32',
+                        rowmax_ptr='*fp32', dmax2_ptr='*fp32',
+                        pending_ptr='*i32', count_ptr='*i32',
+                        delta2_ptr='*fp32', score_ptr='*fp32', n='i32'),
+                    dict(tiles, BLOCK_N=f.DENSER_BLOCK_N, MASKED=False,
+                         PENDING=config.prune_denser),
+                    config.denser_warps, config.stages)
             kernels[f'_assign_kernel-{precision}-{c}'] = (
                 f._assign_kernel, dict(
                     rows, centers_ptr='*i64', slots_ptr='*u8',
@@ -439,13 +455,15 @@ def compile_and_check(arch):
         usage[name] = _ptxas_usage(kernel, arch)
         print(f'sm_{arch} {name} ({warps} warps, {stages} stages) PTX '
               f'instructions: {ptx_instruction_census(kernel.asm["ptx"])}')
-        if name == '_knn_kernel-tf32x3-64' and arch >= 90:
+        if name.startswith('_knn_kernel-tf32x3-64') and arch >= 90:
             per_thread = f.BLOCK * f.KNN_BLOCK_N // (32 * warps)
             loop = tile_loop_census(kernel.asm['ptx'], 1, per_thread)
             print(f'sm_{arch} {name} tile loop: {loop}')
             assert loop['shfl'] == 0 and loop['bar'] <= 2, loop
-            # 39.6 with the measured layout (Triton 3.6 and 3.8)
-            assert loop['per_distance'] <= 40, loop
+            # 39.6 with the measured layout (Triton 3.6 and 3.8); pruned,
+            # the nearest column adds a compare and a select: 41.6
+            assert loop['per_distance'] <= (
+                42 if name.endswith('-pruned') else 40), loop
     print(f'sm_{arch} (registers, spill stores, spill loads): {usage}')
     for name, (regs, stores, loads) in usage.items():
         assert regs <= 255 and stores == loads == 0, (name, usage)
@@ -481,12 +499,14 @@ def tile_loop_census(ptx, trips, distances):
 
 
 @needs_triton
-def test_fused_op_launches_at_most_15(monkeypatch):
+@pytest.mark.parametrize('prune', [False, True], ids=['full', 'pruned'])
+def test_fused_op_launches_at_most_15(monkeypatch, prune):
     """One clustering call (two scales, padded windows; the op's body)
-    launches 4 Triton kernels and 3 torch ops (a gather, two sorts):
-    at most 15 launches (the op census's ops, allocations excluded, plus
-    the kernels), about 60 before the kernels took the steps between
-    them."""
+    launches 4 Triton kernels (5 with pass 2 pruned: the layout
+    :func:`fused.kernel_config` gives, here set as a measured one) and 3
+    torch ops (a gather, two sorts): at most 15 launches (the op census's
+    ops, allocations excluded, plus the kernels), about 60 before the
+    kernels took the steps between them."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     from clustr_mm.analysis.op_census import OpCensus
@@ -508,9 +528,11 @@ def test_fused_op_launches_at_most_15(monkeypatch):
                     return self.kernel[grid](*args, **kwargs)
             return launch
 
-    names = ('_prep_kernel', '_knn_kernel', '_denser_kernel',
-             '_assign_kernel')
+    names = ('_prep_kernel', '_knn_kernel', '_pending_kernel',
+             '_denser_kernel', '_assign_kernel')
     monkeypatch.setattr(fused, 'INTERPRET', True)  # kernels on CPU tensors
+    monkeypatch.setitem(fused.MEASURED, (9, 16, 'tf32x3'), fused.kernel_config(
+        x.device, 16, 'tf32x3')._replace(prune_denser=prune))
     census = OpCensus()
     with interpreted(fused):
         saved = {n: getattr(fused, n) for n in names}
@@ -526,7 +548,8 @@ def test_fused_op_launches_at_most_15(monkeypatch):
     torch_ops = {op: count for op, count in census.summary()['by_op'].items()
                  if not op.startswith(('empty', 'new_empty'))}
     print(f'[launches] {len(kernels)} kernels, torch {torch_ops}')
-    assert kernels == list(names), kernels
+    assert kernels == [n for n in names
+                       if prune or n != '_pending_kernel'], kernels
     assert len(kernels) + sum(torch_ops.values()) <= 15, torch_ops
     # nothing else: no constants made per call (a new_tensor would be a
     # host-to-device copy that waits for the stream on a GPU)

@@ -19,6 +19,7 @@ import json
 import time
 
 import pytest
+import torch
 
 from clustr_mm.registry import switch
 
@@ -32,14 +33,16 @@ BIG = pytest.mark.skipif(
     'runs it)')
 
 
-def run_interpreted(name, hw, window_size, sr_ratio, channels, batch):
-    """The agreement report of the fused kernels (interpreted) with the
-    reference on one case; printed with its time."""
+def run_interpreted(name, hw, window_size, sr_ratio, channels, batch,
+                    prune=False):
+    """The agreement report of the fused kernels (interpreted; ``prune``:
+    pass 2 pruned by pass 1's nearest other token) with the reference on
+    one case; printed with its time."""
     from clustr_mm.ops.dpc_knn import fused
     x, counts, consts = windows(hw, window_size, sr_ratio, channels, batch)
     start = time.perf_counter()
     with interpreted(fused):
-        report = fused_agreement(x, counts, consts)
+        report = fused_agreement(x, counts, consts, prune=prune)
     report['seconds'] = round(time.perf_counter() - start, 1)
     report['windows'] = x.shape[0]
     print(f'[agreement] {name}: {json.dumps(report)}')
@@ -56,10 +59,13 @@ def check(report):
 
 
 @needs_triton
-def test_small_windows_interpreted():
+@pytest.mark.parametrize('prune', [False, True], ids=['full', 'pruned'])
+def test_small_windows_interpreted(prune):
     """The fast loop's interpreter case: border windows padded, two row
-    blocks (the merge kernel), k > tokens of the smallest window."""
-    check(run_interpreted('fast-12x14-w10', (12, 14), 10, 2, 16, 1))
+    blocks (the merge kernel), k > tokens of the smallest window; pass 2
+    in full and pruned."""
+    check(run_interpreted(f'fast-12x14-w10-{"pruned" if prune else "full"}',
+                          (12, 14), 10, 2, 16, 1, prune))
 
 
 @pytest.mark.slow
@@ -73,18 +79,22 @@ def test_exact_224_stages_interpreted(size, batch):
 
 @pytest.mark.slow
 @needs_triton
-def test_window_mode_border_windows_interpreted():
+@pytest.mark.parametrize('prune', [False, True], ids=['full', 'pruned'])
+def test_window_mode_border_windows_interpreted(prune):
     """Window mode at 800 x 1344's stage-1 geometry (full windows, a
     bottom row of border windows padded, batch 2) at a quarter of the
     window side: 14-token windows over 22 x 28 tokens."""
-    check(run_interpreted('window-22x28-w14-b2', (22, 28), 14, 8, 64, 2))
+    check(run_interpreted('window-22x28-w14-b2', (22, 28), 14, 8, 64, 2,
+                          prune))
 
 
 @pytest.mark.slow
 @needs_triton
-def test_exact_224_stage1_interpreted():
+@pytest.mark.parametrize('prune', [False, True], ids=['full', 'pruned'])
+def test_exact_224_stage1_interpreted(prune):
     hw, channels, sr = EXACT_224['3136x64']
-    check(run_interpreted('exact-224-3136x64-b1', hw, None, sr, channels, 1))
+    check(run_interpreted('exact-224-3136x64-b1', hw, None, sr, channels, 1,
+                          prune))
 
 
 @BIG
@@ -157,3 +167,119 @@ def test_adversarial_windows_equal_reference(size, precision, kinds):
     torch.testing.assert_close(probe['rho'], ref_probe['rho'], rtol=1e-6,
                                atol=0)
     assert torch.equal(probe['centers'], ref_probe['centers'])
+
+
+def pruned_and_full(x, counts, k, consts, precision):
+    """(full, pruned) :func:`fused.probed` of the same windows (the
+    pruned layout is ``kernel_config(..., prune=True)``), interpreted."""
+    from clustr_mm.ops.dpc_knn import FUSED_PLAN, fused
+    plan = FUSED_PLAN._replace(precision=precision)
+    config = fused.kernel_config(x.device, x.shape[2], precision)
+    assert not config.prune_denser
+    with interpreted(fused):
+        return [fused.probed(x, counts, k, consts, plan,
+                             config._replace(prune_denser=prune))
+                for prune in (False, True)]
+
+
+def assert_same(full, pruned):
+    (ids, probe), (pruned_ids, pruned_probe) = full, pruned
+    assert torch.equal(pruned_ids, ids)
+    for name in ('delta2', 'centers', 'rho', 'knn'):
+        assert torch.equal(pruned_probe[name], probe[name]), name
+
+
+@needs_triton
+@pytest.mark.parametrize('kinds,precision', [(4, 'ieee'), (2, 'tf32x3')])
+def test_pruned_pass2_equals_the_full_scan_on_adversarial_windows(
+        kinds, precision):
+    """Pass 2 pruned by pass 1's nearest other token (its nearest denser
+    token where that one is denser) gives the full scan's ids, distances
+    to the nearest denser token and centers bit for bit, on the windows
+    of :func:`adversarial_windows` at stage 3's size: nearest tokens in
+    the row's own lane (the unknown case), more duplicates than k, ties at
+    the k-th distance and everywhere."""
+    from clustr_mm.ops.dpc_knn import FUSED_PLAN, WindowLayout, batch_consts
+    hw, c, sr = EXACT_224['196x256']
+    x = adversarial_windows(hw[0] * hw[1], c)[:kinds]
+    layout = WindowLayout(hw, None, sr, plan=FUSED_PLAN)
+    consts = batch_consts(layout, kinds, c).groups[0].windows
+    counts = [layout.groups[0].counts[s] for s in layout.clustered]
+    assert_same(*pruned_and_full(x, counts, 5, consts, precision))
+
+
+@needs_triton
+@pytest.mark.parametrize('k', [1, 2, 5])
+def test_pruned_pass2_equals_the_full_scan_on_padded_windows(k):
+    """The same on random windows with padded border windows and windows
+    of fewer tokens than k, for k = 1 (the row itself only: pass 1 knows
+    no other token, nothing is pruned), 2 and 5 (ClusTR's); and
+    :func:`fused._pending_kernel` alone, in steps of 32 positions: it
+    settles exactly the tokens whose nearest other token is denser
+    (:func:`fused.settled_by_nearest`), writes their distance, and lists
+    the others' density-order positions ascending with their number."""
+    from clustr_mm.ops.dpc_knn import fused
+    x, counts, consts = windows((11, 13), 5, 2, 16, 3)
+    full, pruned = pruned_and_full(x, counts, k, consts, 'ieee')
+    assert_same(full, pruned)
+    config = fused.kernel_config(x.device, 16, 'ieee', prune=True)
+    g, n, c = x.shape
+    with interpreted(fused):
+        hi, lo, sq, tie = fused._prep(x, consts.invalid, 'ieee')
+        pass1 = fused._knn_pass(hi, lo, sq, tie, consts.knn_scale,
+                                min(k, n), 'ieee', config)
+        rho = pass1.rho.gather(1, pass1.first)
+        order = torch.sort(rho, dim=1, descending=True, stable=True).indices
+        delta2, score, dmax2 = x.new_full((g, n), -7.0), x.new_empty(g, n), \
+            x.new_empty(g)
+        pending = torch.full((g, n), -7, dtype=torch.int32)
+        count = torch.empty(g, dtype=torch.int32)
+        fused._pending_kernel[(g, )](
+            sq, tie, order, rho, pass1.rowmax, pass1.nearest,
+            pass1.nearest_d2, delta2, score, dmax2, pending, count, n, C=c,
+            BLOCK=32)
+    settled = fused.settled_by_nearest(pass1, rho)
+    if k == 1:
+        assert not settled.any()
+    else:  # most tokens (padding never: its nearest is unknown)
+        assert settled.float().mean() > 0.3, settled.float().mean()
+    assert torch.equal(delta2[settled], pruned[1]['delta2'][settled])
+    assert torch.equal(delta2[~settled], x.new_full((g, n), -7.0)[~settled])
+    waiting = ~settled.gather(1, order)  # by density-order position
+    assert torch.equal(count, waiting.sum(1).int())
+    for w in range(g):
+        want = waiting[w].nonzero().flatten().int()
+        assert torch.equal(pending[w, :count[w]], want)
+    torch.testing.assert_close(dmax2, pass1.rowmax.amax(1), rtol=0, atol=0)
+
+
+@needs_triton
+def test_pass1_knows_the_nearest_other_token():
+    """With ``prune_denser`` pass 1 writes each row's nearest other token
+    and its squared distance: the brute-force nearest, or -1 where that
+    token shares the row's lane (column mod 32; a lane keeps the column of
+    its smallest key only, here the row itself) and for padding (no other
+    token at a finite distance)."""
+    from clustr_mm.ops.dpc_knn import fused
+    x, counts, consts = windows((12, 14), 10, 2, 16, 2)  # 100-token windows
+    g, n, c = x.shape
+    config = fused.kernel_config(x.device, c, 'ieee', prune=True)
+    with interpreted(fused):
+        hi, lo, sq, tie = fused._prep(x, consts.invalid, 'ieee')
+        pass1 = fused._knn_pass(hi, lo, sq, tie, consts.knn_scale, 5,
+                                'ieee', config)
+    y = x.double()
+    d = y.pow(2).sum(-1)[:, :, None] + y.pow(2).sum(-1)[:, None, :] - (
+        2 * y @ y.transpose(1, 2))
+    pad = consts.invalid
+    d = d.masked_fill(pad[:, None, :], float('inf'))
+    d.diagonal(dim1=1, dim2=2).fill_(float('inf'))
+    best_d, best = d.min(2)
+    rows = torch.arange(n)
+    shared = best % 32 == rows % 32
+    want = torch.where(shared | pad, -1, best)
+    assert 0 < int((shared & ~pad).sum()) < g * n // 10  # both cases seen
+    assert torch.equal(pass1.nearest.long(), want)
+    known = want >= 0
+    torch.testing.assert_close(pass1.nearest_d2[known].double(),
+                               best_d[known], rtol=1e-5, atol=1e-5)

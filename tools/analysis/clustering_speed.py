@@ -12,6 +12,10 @@ stage is kept (its LayerNorm'd tokens, windows and cluster counts). On each:
 - CUDA-event times (median of ``--runs`` after 3 warm-ups) of the fused op
   in both precisions and of its parts (prep, pass 1, density gather and
   order, pass 2, center order, assignment);
+- the same with pass 2 pruned by pass 1's nearest other token
+  (``fused.kernel_config(..., prune=True)``) beside the full scan: times,
+  parts, the share of tokens pass 2 still scans, ids against the full
+  scan's;
 - agreement with the reference backend on the same tokens
   (:func:`~clustr_mm.ops.dpc_knn.agreement.compare`: values
   within their round-off bounds, ids equal but at near-ties) and the ids
@@ -88,11 +92,13 @@ def capture_calls(model, images):
     return calls
 
 
-def parts(x, counts, k, windows, precision):
+def parts(x, counts, k, windows, precision, config=None):
     """The fused op's steps as :func:`fused._triton_passes` runs them, with
-    an event after each: {part: event}."""
+    an event after each: {part: event} (``config``: the kernels' layout,
+    ``fused.kernel_config``'s unless given)."""
     from clustr_mm.ops.dpc_knn import fused
     events = {}
+    config = config or fused.kernel_config(x.device, x.shape[2], precision)
 
     def mark(name):
         events[name] = torch.cuda.Event(enable_timing=True)
@@ -100,14 +106,14 @@ def parts(x, counts, k, windows, precision):
     mark('start')
     hi, lo, sq, tie = fused._prep(x, windows.invalid, precision)
     mark('prep')
-    _, rho_raw, rowmax, first = fused._knn_pass(
-        hi, lo, sq, tie, windows.knn_scale, min(k, x.shape[1]), precision)
+    pass1 = fused._knn_pass(hi, lo, sq, tie, windows.knn_scale,
+                            min(k, x.shape[1]), precision, config)
     mark('pass1')
-    rho = rho_raw.gather(1, first)
+    rho = pass1.rho.gather(1, pass1.first)
     order = torch.sort(rho, dim=1, descending=True, stable=True).indices
     mark('order')
-    _, score = fused._denser_pass(hi, lo, sq, tie, order, rho, rowmax,
-                                  precision)
+    _, score = fused._denser_pass(hi, lo, sq, tie, order, rho, pass1.rowmax,
+                                  precision, config, pass1)
     mark('pass2')
     centers = torch.sort(score, dim=1, descending=True,
                          stable=True).indices[:, :max(counts)].contiguous()
@@ -118,13 +124,13 @@ def parts(x, counts, k, windows, precision):
     return events
 
 
-def time_parts(x, counts, k, windows, precision, runs):
+def time_parts(x, counts, k, windows, precision, runs, config=None):
     """Median milliseconds of each part (:func:`parts`)."""
     for _ in range(WARMUP):
-        parts(x, counts, k, windows, precision)
+        parts(x, counts, k, windows, precision, config)
     samples = []
     for _ in range(runs):
-        events = parts(x, counts, k, windows, precision)
+        events = parts(x, counts, k, windows, precision, config)
         torch.cuda.synchronize()
         names = list(events)
         samples.append({b: events[a].elapsed_time(events[b])
@@ -155,10 +161,10 @@ def sweep(calls, runs):
         seen.add(c)
         x = x.float().contiguous()
         hi, lo, sq, tie = fused._prep(x, windows.invalid, 'tf32x3')
-        _, rho, rowmax, first = fused._knn_pass(
-            hi, lo, sq, tie, windows.knn_scale, k, 'tf32x3')
-        order = torch.sort(rho.gather(1, first), dim=1, descending=True,
-                           stable=True).indices
+        pass1 = fused._knn_pass(hi, lo, sq, tie, windows.knn_scale, k,
+                                'tf32x3')
+        rho, rowmax = pass1.rho.gather(1, pass1.first), pass1.rowmax
+        order = torch.sort(rho, dim=1, descending=True, stable=True).indices
         times = {}
         for layout in SWEEP[c]:
             config = fused.KernelConfig(*layout)
@@ -245,6 +251,8 @@ def stage_rows(calls, args):
                                     args.runs),
                 ids_vs_reference_pct=100 * report['id_mismatches'] / total,
                 agreement=report)
+            row[precision]['pruned'] = pruned_row(
+                x, counts, k, windows, precision, ids, args.runs)
             if baseline is not None:
                 old = baseline._triton_passes(x, counts, k, windows,
                                               precision)
@@ -260,6 +268,34 @@ def stage_rows(calls, args):
         rows.append(row)
         print(json.dumps(row)[:2000], flush=True)
     return rows
+
+
+def pruned_row(x, counts, k, windows, precision, ids, runs):
+    """Pass 2 pruned by pass 1's nearest other token
+    (``KernelConfig.prune_denser``) beside the layout without it: the
+    implementation's milliseconds both ways, the pruned parts, the share
+    of tokens pass 2 still scans and the ids that differ from ``ids``."""
+    from clustr_mm.ops.dpc_knn import fused
+    plain = fused.kernel_config(x.device, x.shape[2], precision)
+    config = fused.kernel_config(x.device, x.shape[2], precision, prune=True)
+    if not config.prune_denser:
+        return dict(skipped='no pruned layout free of spills here '
+                    '(fused.kernel_config)')
+    hi, lo, sq, tie = fused._prep(x, windows.invalid, precision)
+    pass1 = fused._knn_pass(hi, lo, sq, tie, windows.knn_scale,
+                            min(k, x.shape[1]), precision, config)
+    settled = fused.settled_by_nearest(pass1,
+                                       pass1.rho.gather(1, pass1.first))
+    got = fused._triton_passes(x, counts, k, windows, precision,
+                               config=config)
+    return dict(
+        passes_ms=cuda_time(lambda: fused._triton_passes(
+            x, counts, k, windows, precision, config=config), runs),
+        unpruned_passes_ms=cuda_time(lambda: fused._triton_passes(
+            x, counts, k, windows, precision, config=plain), runs),
+        parts_ms=time_parts(x, counts, k, windows, precision, runs, config),
+        scanned_pct=100 * float((~settled).float().mean()),
+        ids_vs_unpruned_pct=100 * float((got != ids).sum()) / ids.numel())
 
 
 def network_alone(model, images, calls, peer, runs):

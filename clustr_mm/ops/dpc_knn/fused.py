@@ -2,7 +2,7 @@
 never write the distance block (the remedy FlashAttention made for
 attention).
 
-Five launches of its own and three of torch per call:
+Five launches of its own (one more pruned) and three of torch per call:
 
 * :func:`_prep_kernel`: |x|^2 (+inf at padding, so every distance to or
   from a padded slot is +inf without a mask), the tie threshold and, for
@@ -23,6 +23,18 @@ Five launches of its own and three of torch per call:
   columns before it (the denser tokens), keeping an elementwise running
   minimum; its store writes the squared distance to the nearest denser
   token and the center score ``rho * sqrt(delta2 / C)`` (-inf at padding).
+* Pruned (:attr:`KernelConfig.prune_denser`, off unless a layout sets
+  it): pass 1 also keeps, per accumulator position, the column of its
+  smallest key, so it knows most rows' nearest other token (not where the
+  row and that token share a lane). Where that token is denser it is the
+  nearest denser one (nothing else is nearer), and
+  :func:`_pending_kernel` (one program per window) writes its distance
+  and score; pass 2 then scans only the other rows, gathered in density
+  order. The same ids (those rows' distances are pass 1's evaluation of
+  the same pair); 19-27 % of the rows scanned on ClusTR-S's
+  random-weight stage tokens at 224 (docs/backbones.md;
+  ``tools/analysis/clustering_speed.py`` measures it on a GPU beside the
+  full scan).
 * torch: the centers (one stable sort of the scores).
 * :func:`_assign_kernel`: the nearest center of every token for every
   scale, ids written directly (no (G, n, K) block).
@@ -86,6 +98,8 @@ MAX_SCALES = 2
 # DENSER_BLOCK_N) in registers); warps of the assignment (the other layouts:
 # kernel_config).
 DENSER_BLOCK_N, ASSIGN_WARPS = 32, 8
+# Positions per step of the pruning's one program per window.
+PENDING_BLOCK = 1024
 
 
 if triton is not None:
@@ -277,18 +291,20 @@ if triton is not None:
 
     @triton.jit
     def _knn_kernel(x_ptr, lo_ptr, sq_ptr, tie_ptr, scale_ptr, knn_ptr,
-                    rho_ptr, rowmax_ptr, first_ptr, n,
+                    rho_ptr, rowmax_ptr, first_ptr, near_ptr, near_d_ptr, n,
                     C: tl.constexpr, K: tl.constexpr, BLOCK: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
                     PRECISION: tl.constexpr, MASKED: tl.constexpr,
                     HAS_SCALE: tl.constexpr, LIBDEVICE: tl.constexpr,
-                    ROWS_ONCE: tl.constexpr):
+                    ROWS_ONCE: tl.constexpr, NEAREST: tl.constexpr):
         """Pass 1 (module docstring): the BLOCK rows of row block I fold
         every tile of BLOCK_N columns, theirs first; writes each row's K
         smallest squared distances (ascending, +inf past a window's
         tokens), largest distance to a real token (0 at least), first
-        column within the tie threshold and raw density. Grid: (windows,
-        row blocks)."""
+        column within the tie threshold and raw density. With NEAREST also
+        each row's nearest other token and its distance, where its lane
+        knows it (-1 where not: see :func:`_nearest_other`). Grid:
+        (windows, row blocks)."""
         g = tl.program_id(0).to(tl.int64)
         blk = tl.program_id(1)
         rows = blk * BLOCK + tl.arange(0, BLOCK)
@@ -300,6 +316,8 @@ if triton is not None:
         inf = tl.full((BLOCK, BLOCK_N), float('inf'), tl.float32)
         L0, L1, L2, L3, L4, L5, L6, L7 = inf, inf, inf, inf, inf, inf, inf, inf
         far = tl.zeros((BLOCK, BLOCK_N), tl.float32)
+        # NEAREST: the column of the key in each lane's L0 (-1: none)
+        I0 = tl.full((BLOCK, BLOCK_N), -1, tl.int32)
         a, al = _row_block(x_ptr, lo_ptr, base + rows, rmask, C, PRECISION,
                            MASKED, ROWS_ONCE)
         tiles = tl.cdiv(n, BLOCK_N)
@@ -318,22 +336,32 @@ if triton is not None:
             # first, and count as distance 0
             key = tl.where(d <= tie[:, None],
                            (cols - n).to(tl.float32)[None, :], d)
+            if NEAREST:
+                I0 = tl.where(key < L0, cols[None, :], I0)
             L0, L1, L2, L3, L4, L5, L6, L7 = _insert(
                 L0, L1, L2, L3, L4, L5, L6, L7, key, K)
         # once per row block: the rows' K smallest keys of their lanes'
         # lists; the first is a duplicate (the diagonal at the latest)
         first = tl.where(rmask, tl.min(L0, 1) + n, 0.0)
         total = tl.zeros((BLOCK, ), tl.float32)
+        near = tl.full((BLOCK, ), -1, tl.int32)
+        near_d = tl.full((BLOCK, ), float('inf'), tl.float32)
         for j in tl.static_range(K):
             v, at = tl.min(L0, axis=1, return_indices=True)
             v = tl.maximum(v, 0.0)
             tl.store(knn_ptr + (base + rows) * K + j, v, mask=rmask)
+            hit = lane[None, :] == at[:, None]
+            if NEAREST:
+                if j < 2:
+                    near, near_d = _nearest_other(near, near_d, I0, hit,
+                                                  v, rows, j)
+                if j == 0:  # the lane's next key's column is not kept
+                    I0 = tl.where(hit, -1, I0)
             if HAS_SCALE:  # short windows: +inf neighbours leave the mean
                 v = tl.where(v < float('inf'), v, 0.0)
             total += v
             L0, L1, L2, L3, L4, L5, L6, L7 = _pop(
-                L0, L1, L2, L3, L4, L5, L6, L7,
-                lane[None, :] == at[:, None], K)
+                L0, L1, L2, L3, L4, L5, L6, L7, hit, K)
         mean = total / K
         if HAS_SCALE:
             mean = mean * tl.load(scale_ptr + g)
@@ -345,31 +373,127 @@ if triton is not None:
         tl.store(rho_ptr + base + rows, rho, mask=rmask)
         tl.store(rowmax_ptr + base + rows, tl.max(far, 1), mask=rmask)
         tl.store(first_ptr + base + rows, first.to(tl.int64), mask=rmask)
+        if NEAREST:  # K = 1: the row itself only, the other unknown
+            tl.store(near_ptr + base + rows, tl.maximum(near, -1),
+                     mask=rmask)
+            tl.store(near_d_ptr + base + rows, near_d, mask=rmask)
+
+    @triton.jit
+    def _nearest_other(near, near_d, I0, hit, v, rows, j: tl.constexpr):
+        """Pass 1's nearest other token of each row from its first two
+        keys (popped ``j`` = 0, 1; ``hit``: the popped lane, ``v`` the
+        distance): the first that is not the row itself (itself, or a
+        duplicate of lower column, comes first). A lane keeps the column
+        of its smallest key only, so where both came from one lane the
+        second is unknown (-1)."""
+        col = tl.max(tl.where(hit, I0, -1), 1)
+        if j == 0:
+            near = tl.where(col == rows, -2, col)  # -2: the row itself
+            near_d = v
+        else:
+            itself = near == -2
+            near = tl.where(itself, col, near)
+            near_d = tl.where(itself, v, near_d)
+        return near, near_d
+
+    @triton.jit
+    def _window_max(rowmax_ptr, base, n, BLOCK: tl.constexpr):
+        """The window's largest distance (from pass 1's row maxima)."""
+        lane = tl.arange(0, BLOCK)
+        top = tl.zeros((BLOCK, ), tl.float32)
+        for c0 in range(0, n, BLOCK):
+            top = tl.maximum(top, tl.load(rowmax_ptr + base + c0 + lane,
+                                          mask=c0 + lane < n, other=0.0))
+        return tl.max(top, 0)
+
+    @triton.jit
+    def _score(delta2, dmax2, tie, rho, sq_r, C: tl.constexpr):
+        """The center score ``rho * sqrt(delta2 / C)`` (delta2 capped by
+        the window's largest distance, ties snapped to 0; -inf at
+        padding)."""
+        dl = tl.minimum(delta2, dmax2)
+        dl = tl.where(dl <= tie, 0.0, dl)
+        score = rho * tl.sqrt_rn(dl / C)
+        return tl.where(sq_r < float('inf'), score, float('-inf'))
+
+    @triton.jit
+    def _pending_kernel(sq_ptr, tie_ptr, order_ptr, rho_ptr, rowmax_ptr,
+                        near_ptr, near_d_ptr, delta2_ptr, score_ptr,
+                        dmax2_ptr, pending_ptr, count_ptr, n,
+                        C: tl.constexpr, BLOCK: tl.constexpr):
+        """Pass 2's pruning (module docstring): a token whose nearest
+        other token (pass 1) is denser has it as its nearest denser token;
+        its delta2 and score are written here. The density-order positions
+        of the others go, ascending, to ``pending`` and their number to
+        ``count``; the window's largest distance to ``dmax2``. Grid:
+        windows."""
+        g = tl.program_id(0).to(tl.int64)
+        base = g * n
+        dmax2 = _window_max(rowmax_ptr, base, n, BLOCK)
+        tl.store(dmax2_ptr + g, dmax2)
+        lane = tl.arange(0, BLOCK)
+        done = tl.sum(tl.zeros((BLOCK, ), tl.int32), 0)
+        for p0 in range(0, n, BLOCK):
+            pos = p0 + lane
+            pmask = pos < n
+            rows = tl.load(order_ptr + base + pos, mask=pmask, other=0)
+            near = tl.load(near_ptr + base + rows, mask=pmask, other=-1)
+            known = pmask & (near >= 0)
+            rho = tl.load(rho_ptr + base + rows, mask=pmask, other=-1.0)
+            rho_n = tl.load(rho_ptr + base + near, mask=known, other=-1.0)
+            # earlier in the order: denser, or as dense and a lower index
+            # (the order is a stable descending sort)
+            solved = known & ((rho_n > rho) | ((rho_n == rho) & (near < rows)))
+            d2 = tl.load(near_d_ptr + base + rows, mask=solved, other=0.0)
+            tie = tl.load(tie_ptr + base + rows, mask=solved, other=0.0)
+            sq_r = tl.load(sq_ptr + base + rows, mask=solved, other=0.0)
+            tl.store(delta2_ptr + base + rows, d2, mask=solved)
+            tl.store(score_ptr + base + rows,
+                     _score(d2, dmax2, tie, rho, sq_r, C), mask=solved)
+            wait = (pmask & ~solved).to(tl.int32)
+            tl.store(pending_ptr + base + done + tl.cumsum(wait, 0) - 1, pos,
+                     mask=wait != 0)
+            done += tl.sum(wait, 0)
+        tl.store(count_ptr + g, done)
 
     @triton.jit
     def _denser_kernel(x_ptr, lo_ptr, sq_ptr, tie_ptr, order_ptr, rho_ptr,
-                       rowmax_ptr, delta2_ptr, score_ptr, n,
+                       rowmax_ptr, dmax2_ptr, pending_ptr, count_ptr,
+                       delta2_ptr, score_ptr, n,
                        C: tl.constexpr, BLOCK: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
                        PRECISION: tl.constexpr, MASKED: tl.constexpr,
-                       ROWS_ONCE: tl.constexpr):
+                       ROWS_ONCE: tl.constexpr, PENDING: tl.constexpr):
         """Pass 2 (module docstring): for the tokens at positions
         [start, start + BLOCK) of the density order, the smallest squared
         distance to a token earlier in the order (+inf for the first), and
-        the center score; columns in tiles of BLOCK_N. Grid: (windows, row
+        the center score; columns in tiles of BLOCK_N. With PENDING the
+        rows are the block's positions of ``pending`` instead (the first
+        ``count`` of the window, ascending; :func:`_pending_kernel`), the
+        columns those before the block's last. Grid: (windows, row
         blocks)."""
         g = tl.program_id(0).to(tl.int64)
-        start = tl.program_id(1) * BLOCK
         lane = tl.arange(0, BLOCK)
-        pos = start + lane
-        pmask = pos < n
         base = g * n
+        if PENDING:
+            at = tl.program_id(1) * BLOCK + lane
+            pmask = at < tl.load(count_ptr + g)
+            pos = tl.load(pending_ptr + base + at, mask=pmask, other=0)
+            start = 0  # every tile: the rows lie anywhere in the order
+            end = tl.max(tl.where(pmask, pos, -1), 0) + 1
+            dmax2 = tl.load(dmax2_ptr + g)
+        else:
+            start = tl.program_id(1) * BLOCK
+            pos = start + lane
+            pmask = pos < n
+            end = start + BLOCK
+            dmax2 = _window_max(rowmax_ptr, base, n, BLOCK)
         rows = tl.load(order_ptr + base + pos, mask=pmask, other=0)
         sq_r = tl.load(sq_ptr + base + rows, mask=pmask, other=float('inf'))
         a, al = _row_block(x_ptr, lo_ptr, base + rows, pmask, C, PRECISION,
                            MASKED, ROWS_ONCE)
         near = tl.full((BLOCK, BLOCK_N), float('inf'), tl.float32)
-        for c0 in range(0, start + BLOCK, BLOCK_N):
+        for c0 in range(0, end, BLOCK_N):
             cpos = c0 + tl.arange(0, BLOCK_N)
             cmask = cpos < n
             cols = tl.load(order_ptr + base + cpos, mask=cmask, other=0)
@@ -380,20 +504,11 @@ if triton is not None:
                 d = tl.where(cpos[None, :] < pos[:, None], d, float('inf'))
             near = tl.minimum(near, d)
         delta2 = tl.min(near, 1)
-        # the window's largest distance (the densest token's delta)
-        top = tl.zeros((BLOCK, ), tl.float32)
-        for c0 in range(0, n, BLOCK):
-            top = tl.maximum(top, tl.load(rowmax_ptr + base + c0 + lane,
-                                          mask=c0 + lane < n, other=0.0))
-        dmax2 = tl.max(top, 0)
         tie = tl.load(tie_ptr + base + rows, mask=pmask, other=0.0)
-        dl = tl.minimum(delta2, dmax2)
-        dl = tl.where(dl <= tie, 0.0, dl)
         rho = tl.load(rho_ptr + base + rows, mask=pmask, other=-1.0)
-        score = rho * tl.sqrt_rn(dl / C)
-        score = tl.where(sq_r < float('inf'), score, float('-inf'))
         tl.store(delta2_ptr + base + rows, delta2, mask=pmask)
-        tl.store(score_ptr + base + rows, score, mask=pmask)
+        tl.store(score_ptr + base + rows,
+                 _score(delta2, dmax2, tie, rho, sq_r, C), mask=pmask)
 
     @triton.jit
     def _nearest(best, idx, d, valid, k0):
@@ -469,17 +584,34 @@ def _whole_rows(c: int) -> bool:
 
 class KernelConfig(NamedTuple):
     """How the kernels are laid out (speed only: every layout gives the same
-    results). ``warps`` of pass 1; ``rows_once``: passes 1 and 2 and the
+    ids). ``warps`` of pass 1; ``rows_once``: passes 1 and 2 and the
     assignment load a row block's channels once per program instead of per
     tile (fewer instructions per distance, more registers); ``stages``:
     Triton's software pipelining (more registers);
     ``denser_warps`` of pass 2; ``assign_block``: centers per step of the
-    assignment."""
+    assignment; ``prune_denser``: pass 1 also keeps each token's nearest
+    other token, and pass 2 scans only the tokens for which it is not
+    denser (module docstring; off until a GPU measures it)."""
     warps: int
     rows_once: bool
     stages: int = 1
     denser_warps: int = 4
     assign_block: int = 64
+    prune_denser: bool = False
+
+
+class Pass1(NamedTuple):
+    """Pass 1's outputs, (G, n, k) or (G, n): the k smallest squared
+    distances ascending (duplicates as 0), raw density, largest distance to
+    a real token, first column within the tie threshold (int64); with
+    ``prune_denser`` the nearest other token (int32, -1 where pass 1 does
+    not know it) and its squared distance, else None."""
+    knn: torch.Tensor
+    rho: torch.Tensor
+    rowmax: torch.Tensor
+    first: torch.Tensor
+    nearest: Optional[torch.Tensor] = None
+    nearest_d2: Optional[torch.Tensor] = None
 
 
 @functools.lru_cache(maxsize=None)
@@ -502,8 +634,8 @@ MEASURED: Dict[Tuple[int, int, str], KernelConfig] = {
 }
 
 
-def kernel_config(device: torch.device, channels: int,
-                  precision: str) -> KernelConfig:
+def kernel_config(device: torch.device, channels: int, precision: str,
+                  prune: bool = False) -> KernelConfig:
     """The kernels' layout on ``device`` for tokens of ``channels``:
     :data:`MEASURED`'s, else by rule, each free of spills in ptxas
     (``tests/test_dpc_knn_fused.py::test_kernels_compile_for_gpus``, Triton
@@ -511,17 +643,27 @@ def kernel_config(device: torch.device, channels: int,
     channels, 4 warps with 'tf32x3' or rows loaded once, else 8. Older
     (sm_80's smaller register budget for the same tiles with mma.sync):
     rows loaded per tile, 8 warps for passes 2 and IEEE 1, 32 centers per
-    step."""
+    step.
+
+    ``prune``: the same layout with ``prune_denser`` where pass 1 has room
+    for the nearest columns (16 to 35 more registers a thread at 4 warps
+    in ptxas): 8
+    warps for pass 1 except on sm_90 and newer up to 128 channels; none on
+    sm_80 with 'tf32x3' over 64 channels (it spills there even at 8)."""
     arch = _arch(device)
-    measured = MEASURED.get((arch, channels, precision))
-    if measured is not None:
-        return measured
-    if arch < 9:
-        return KernelConfig(4 if precision == 'tf32x3' else 8, False,
-                            denser_warps=8, assign_block=32)
-    rows_once = _whole_rows(channels)
-    return KernelConfig(4 if precision == 'tf32x3' or rows_once else 8,
-                        rows_once)
+    config = MEASURED.get((arch, channels, precision))
+    if config is None and arch < 9:
+        config = KernelConfig(4 if precision == 'tf32x3' else 8, False,
+                              denser_warps=8, assign_block=32)
+    elif config is None:
+        rows_once = _whole_rows(channels)
+        config = KernelConfig(4 if precision == 'tf32x3' or rows_once else 8,
+                              rows_once)
+    if not prune or config.prune_denser or (
+            arch < 9 and precision == 'tf32x3' and channels > 64):
+        return config
+    warps = config.warps if arch >= 9 and channels <= 128 else 8
+    return config._replace(warps=warps, prune_denser=True)
 
 
 def _prep(x: torch.Tensor, invalid: Optional[torch.Tensor], precision: str):
@@ -542,12 +684,9 @@ def _prep(x: torch.Tensor, invalid: Optional[torch.Tensor], precision: str):
 
 
 def _knn_pass(hi, lo, sq, tie, knn_scale, k: int, precision: str,
-              config: Optional[KernelConfig] = None):
+              config: Optional[KernelConfig] = None) -> Pass1:
     """Pass 1 on (G, n, C) tokens (``hi``/``lo``/``sq``/``tie``:
-    :func:`_prep`): (G, n, k) k smallest squared distances ascending
-    (duplicates as 0), (G, n) raw density, (G, n) largest distance to a
-    real token, (G, n) int64 first column within the tie threshold.
-    ``config``: :func:`kernel_config`'s unless given."""
+    :func:`_prep`). ``config``: :func:`kernel_config`'s unless given."""
     g, n, c = hi.shape
     if not 1 <= k <= MAX_K:
         raise ValueError(f'the fused DPC-kNN takes k in [1, {MAX_K}] '
@@ -556,32 +695,64 @@ def _knn_pass(hi, lo, sq, tie, knn_scale, k: int, precision: str,
     knn_d = hi.new_empty(g, n, k)
     rho, rowmax = hi.new_empty(g, n), hi.new_empty(g, n)
     first = torch.empty(g, n, dtype=torch.long, device=hi.device)
+    nearest = nearest_d2 = None
+    if config.prune_denser:
+        nearest = torch.empty(g, n, dtype=torch.int32, device=hi.device)
+        nearest_d2 = hi.new_empty(g, n)
     _knn_kernel[(g, triton.cdiv(n, BLOCK))](
         hi, hi if lo is None else lo, sq, tie,
         sq if knn_scale is None else knn_scale, knn_d, rho, rowmax, first,
+        first if nearest is None else nearest,
+        sq if nearest_d2 is None else nearest_d2,
         n, C=c, K=k, BLOCK=BLOCK, BLOCK_N=KNN_BLOCK_N, BLOCK_C=BLOCK_C,
         PRECISION=precision, MASKED=_masked(n, c),
         HAS_SCALE=knn_scale is not None,
         LIBDEVICE=hi.is_cuda and libdevice is not None,
-        ROWS_ONCE=config.rows_once, num_warps=config.warps,
-        num_stages=config.stages)
-    return knn_d, rho, rowmax, first
+        ROWS_ONCE=config.rows_once, NEAREST=config.prune_denser,
+        num_warps=config.warps, num_stages=config.stages)
+    return Pass1(knn_d, rho, rowmax, first, nearest, nearest_d2)
 
 
 def _denser_pass(hi, lo, sq, tie, order, rho, rowmax, precision: str,
-                 config: Optional[KernelConfig] = None):
+                 config: Optional[KernelConfig] = None,
+                 pass1: Optional[Pass1] = None):
     """Pass 2: (G, n) squared distance to the nearest denser token and
-    center score, by token (``config``: as :func:`_knn_pass`'s)."""
+    center score, by token (``config``: as :func:`_knn_pass`'s). Given a
+    ``pass1`` that kept the nearest other tokens, the tokens for which that
+    one is denser are settled by :func:`_pending_kernel` and the kernel
+    scans for the others only."""
     g, n, c = hi.shape
     delta2, score = hi.new_empty(g, n), hi.new_empty(g, n)
     config = config or kernel_config(hi.device, c, precision)
+    prune = pass1 is not None and pass1.nearest is not None
+    dmax2 = pending = count = sq  # read only when pruning
+    if prune:
+        dmax2 = hi.new_empty(g)
+        pending = torch.empty(g, n, dtype=torch.int32, device=hi.device)
+        count = torch.empty(g, dtype=torch.int32, device=hi.device)
+        _pending_kernel[(g, )](
+            sq, tie, order, rho, rowmax, pass1.nearest, pass1.nearest_d2,
+            delta2, score, dmax2, pending, count, n, C=c,
+            BLOCK=PENDING_BLOCK)
     _denser_kernel[(g, triton.cdiv(n, BLOCK))](
-        hi, hi if lo is None else lo, sq, tie, order, rho, rowmax, delta2,
-        score, n, C=c, BLOCK=BLOCK, BLOCK_N=DENSER_BLOCK_N,
-        BLOCK_C=BLOCK_C, PRECISION=precision, MASKED=_masked(n, c),
-        ROWS_ONCE=config.rows_once, num_warps=config.denser_warps,
-        num_stages=config.stages)
+        hi, hi if lo is None else lo, sq, tie, order, rho, rowmax, dmax2,
+        pending, count, delta2, score, n, C=c, BLOCK=BLOCK,
+        BLOCK_N=DENSER_BLOCK_N, BLOCK_C=BLOCK_C, PRECISION=precision,
+        MASKED=_masked(n, c), ROWS_ONCE=config.rows_once, PENDING=prune,
+        num_warps=config.denser_warps, num_stages=config.stages)
     return delta2, score
+
+
+def settled_by_nearest(pass1: Pass1, rho: torch.Tensor) -> torch.Tensor:
+    """(G, n) bool: the tokens whose nearest other token (``pass1`` with
+    ``prune_denser``) is denser under ``rho`` (after the duplicates'
+    gather), i.e. those :func:`_pending_kernel` settles and pass 2 does not
+    scan; in torch, for tools and tests."""
+    near = pass1.nearest.long()
+    index = torch.arange(near.shape[1], device=near.device)
+    rho_near = rho.gather(1, near.clamp(min=0))
+    return (near >= 0) & ((rho_near > rho) |
+                          ((rho_near == rho) & (near < index)))
 
 
 def _assign(hi, lo, sq, tie, centers, counts: Sequence[int],
@@ -609,36 +780,40 @@ def _assign(hi, lo, sq, tie, centers, counts: Sequence[int],
 
 def _triton_passes(x: torch.Tensor, counts: Sequence[int], k: int,
                    windows: Windows, precision: str,
-                   probe: Optional[dict] = None) -> torch.Tensor:
+                   probe: Optional[dict] = None,
+                   config: Optional[KernelConfig] = None) -> torch.Tensor:
     """The fused implementation (module docstring; ``probe``: as
-    :func:`~.reference.dpc_knn_reference`'s)."""
+    :func:`~.reference.dpc_knn_reference`'s; ``config``: all kernels'
+    layout, :func:`kernel_config`'s unless given)."""
     x = x.contiguous()
-    config = kernel_config(x.device, x.shape[2], precision)  # all 3 kernels
+    config = config or kernel_config(x.device, x.shape[2], precision)
     hi, lo, sq, tie = _prep(x, windows.invalid, precision)
-    knn_d, rho_raw, rowmax, first = _knn_pass(
-        hi, lo, sq, tie, windows.knn_scale, min(k, x.shape[1]), precision,
-        config)
-    rho = rho_raw.gather(1, first)  # identical tokens: the first's density
+    pass1 = _knn_pass(hi, lo, sq, tie, windows.knn_scale,
+                      min(k, x.shape[1]), precision, config)
+    # identical tokens: the first's density
+    rho = pass1.rho.gather(1, pass1.first)
     order = torch.sort(rho, dim=1, descending=True, stable=True).indices
-    delta2, score = _denser_pass(hi, lo, sq, tie, order, rho, rowmax,
-                                 precision, config)
+    delta2, score = _denser_pass(hi, lo, sq, tie, order, rho, pass1.rowmax,
+                                 precision, config, pass1)
     centers = torch.sort(score, dim=1, descending=True,
                          stable=True).indices[:, :max(counts)]  # a view
     if probe is not None:
-        record(probe, knn=knn_d, first=first, rho=rho, delta2=delta2,
-               dmax2=rowmax.amax(-1), centers=centers)
+        record(probe, knn=pass1.knn, first=pass1.first, rho=rho,
+               delta2=delta2, dmax2=pass1.rowmax.amax(-1), centers=centers)
     return _assign(hi, lo, sq, tie, centers, counts, windows.center_slots,
                    precision, config)
 
 
 def probed(x: torch.Tensor, counts: Sequence[int], k: int,
-           windows: Windows, plan: ClusteringPlan):
+           windows: Windows, plan: ClusteringPlan,
+           config: Optional[KernelConfig] = None):
     """The kernels' ids and their intermediate values (``probe``: as
     :func:`~.reference.dpc_knn_reference`'s) in the plan's precision,
     outside the op: for comparing them with another backend
-    (:mod:`.first_use`, tests)."""
+    (:mod:`.first_use`, tests; ``config``: as :func:`_triton_passes`')."""
     probe = {}
-    ids = _triton_passes(x, counts, k, windows, plan.precision, probe)
+    ids = _triton_passes(x, counts, k, windows, plan.precision, probe,
+                         config)
     return ids, probe
 
 
@@ -672,7 +847,8 @@ def dpc_knn_flops(g: int, n: int, c: int, centers: int) -> int:
     """FLOPs of the op (2 per multiply-add, ``torch.utils.flop_counter``'s
     convention), as the kernels compute them: pass 1 pairs every token with
     every token; pass 2 a row block starting at token s with tokens
-    ..s + BLOCK (the denser ones, whole tiles); then the distances to the
+    ..s + BLOCK (the denser ones, whole tiles; pruned, pass 2 scans a
+    data-dependent part of that, not counted); then the distances to the
     centers (C channels: the norms are added, not multiplied)."""
     denser = sum(min(BLOCK, n - s) * min(n, s + BLOCK)
                  for s in range(0, n, BLOCK))
