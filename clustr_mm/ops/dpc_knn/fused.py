@@ -647,9 +647,9 @@ def kernel_config(device: torch.device, channels: int, precision: str,
 
     ``prune``: the same layout with ``prune_denser`` where pass 1 has room
     for the nearest columns (16 to 35 more registers a thread at 4 warps
-    in ptxas): 8
-    warps for pass 1 except on sm_90 and newer up to 128 channels; none on
-    sm_80 with 'tf32x3' over 64 channels (it spills there even at 8)."""
+    in ptxas): 8 warps for pass 1 except on sm_90 and newer up to 128
+    channels; none on sm_80 with 'tf32x3' over 64 channels (it spills
+    there even at 8)."""
     arch = _arch(device)
     config = MEASURED.get((arch, channels, precision))
     if config is None and arch < 9:
