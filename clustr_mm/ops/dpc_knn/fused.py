@@ -645,11 +645,13 @@ def kernel_config(device: torch.device, channels: int, precision: str,
     rows loaded per tile, 8 warps for passes 2 and IEEE 1, 32 centers per
     step.
 
-    ``prune``: the same layout with ``prune_denser`` where pass 1 has room
-    for the nearest columns (16 to 35 more registers a thread at 4 warps
-    in ptxas): 8 warps for pass 1 except on sm_90 and newer up to 128
-    channels; none on sm_80 with 'tf32x3' over 64 channels (it spills
-    there even at 8)."""
+    ``prune``: the same layout with ``prune_denser``, where it lowers the
+    tile loops' instructions (PTX, per window, passes 1 and 2; on
+    ClusTR-S's stage tokens at 224, docs/backbones.md): up to 128 channels,
+    but not on sm_80 with 'tf32x3', where pass 1 has no room for the
+    nearest columns at 4 warps and at 8 costs more than pass 2 saves (over
+    128 channels likewise: 8 warps, and windows too small for pass 2 to
+    matter)."""
     arch = _arch(device)
     config = MEASURED.get((arch, channels, precision))
     if config is None and arch < 9:
@@ -659,11 +661,9 @@ def kernel_config(device: torch.device, channels: int, precision: str,
         rows_once = _whole_rows(channels)
         config = KernelConfig(4 if precision == 'tf32x3' or rows_once else 8,
                               rows_once)
-    if not prune or config.prune_denser or (
-            arch < 9 and precision == 'tf32x3' and channels > 64):
+    if not prune or channels > 128 or (arch < 9 and precision == 'tf32x3'):
         return config
-    warps = config.warps if arch >= 9 and channels <= 128 else 8
-    return config._replace(warps=warps, prune_denser=True)
+    return config._replace(prune_denser=True)
 
 
 def _prep(x: torch.Tensor, invalid: Optional[torch.Tensor], precision: str):
