@@ -209,25 +209,27 @@ def test_pruned_pass2_equals_the_full_scan_on_adversarial_windows(
 
 
 @needs_triton
-@pytest.mark.parametrize('k', [1, 2, 5])
-def test_pruned_pass2_equals_the_full_scan_on_padded_windows(k):
+@pytest.mark.parametrize('k,precision', [(1, 'ieee'), (2, 'ieee'),
+                                         (5, 'ieee'), (5, 'tf32x3')])
+def test_pruned_pass2_equals_the_full_scan_on_padded_windows(k, precision):
     """The same on random windows with padded border windows and windows
     of fewer tokens than k, for k = 1 (the row itself only: pass 1 knows
-    no other token, nothing is pruned), 2 and 5 (ClusTR's); and
+    no other token, nothing is pruned), 2 and 5 (ClusTR's; also in
+    'tf32x3', whose wider tie threshold makes more duplicates); and
     :func:`fused._pending_kernel` alone, in steps of 32 positions: it
     settles exactly the tokens whose nearest other token is denser
     (:func:`fused.settled_by_nearest`), writes their distance, and lists
     the others' density-order positions ascending with their number."""
     from clustr_mm.ops.dpc_knn import fused
     x, counts, consts = windows((11, 13), 5, 2, 16, 3)
-    full, pruned = pruned_and_full(x, counts, k, consts, 'ieee')
+    full, pruned = pruned_and_full(x, counts, k, consts, precision)
     assert_same(full, pruned)
-    config = fused.kernel_config(x.device, 16, 'ieee', prune=True)
+    config = fused.kernel_config(x.device, 16, precision, prune=True)
     g, n, c = x.shape
     with interpreted(fused):
-        hi, lo, sq, tie = fused._prep(x, consts.invalid, 'ieee')
+        hi, lo, sq, tie = fused._prep(x, consts.invalid, precision)
         pass1 = fused._knn_pass(hi, lo, sq, tie, consts.knn_scale,
-                                min(k, n), 'ieee', config)
+                                min(k, n), precision, config)
         rho = pass1.rho.gather(1, pass1.first)
         order = torch.sort(rho, dim=1, descending=True, stable=True).indices
         delta2, score, dmax2 = x.new_full((g, n), -7.0), x.new_empty(g, n), \
