@@ -4,9 +4,12 @@
 #   bash tools/run_gpu_checks.sh [OUT_DIR]    # default gpu_checks/<date>
 #  1. clustering.{log,json}: tools/analysis/clustering_speed.py (ClusTR-S's
 #     clustering op and its parts on real stage tokens, both precisions,
-#     against the reference, the official formulation and, with
+#     pass 2 pruned beside the full scan (its "pruned" rows: if faster with
+#     the same ids, fused.kernel_config should prune by default), against
+#     the reference, the official formulation and, with
 #     CLUSTR_MM_BASELINE=path/to/old/fused.py, an earlier op);
-#  2. tier-fused.log: the fused kernels against the reference on the GPU;
+#  2. tier-fused.log: the fused kernels (full and pruned) against the
+#     reference on the GPU;
 #  3. bench-224.{log,json}: the benchmark table, bf16, batch 128, inference
 #     and training step (the default precision, tf32x3), with a kernel
 #     profile per model; bench-224-ieee: ClusTR-S in 'ieee';
