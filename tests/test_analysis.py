@@ -15,6 +15,7 @@ from clustr_mm.models.layers import ClusterAttention, PaCaAttention
 from clustr_mm.analysis.flops import analyze_flops, dpc_knn_macs
 
 from conftest import TORCH, load_tool, run_tool
+from fused_cases import needs_triton
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -882,3 +883,23 @@ def test_learning_check_weight_change_per_part():
                if k.startswith('neck.'))
     # (w + 1 rounds in float32: not exactly 1 apart)
     assert change['neck'] == pytest.approx((4 / norm) ** 0.5, rel=1e-6)
+
+
+@needs_triton
+def test_clustering_speed_pruned_row_under_the_interpreter(monkeypatch):
+    """clustering_speed.py's A/B of pass 2 pruned against the full scan
+    (a GPU tool: here its CUDA timing stubbed, the kernels interpreted)
+    runs the pruned layout, finds the same ids and reports the share of
+    tokens pass 2 still scans."""
+    from fused_cases import interpreted, windows
+
+    from clustr_mm.ops.dpc_knn import fused
+    tool = load_tool('clustering_speed')
+    monkeypatch.setattr(tool, 'cuda_time', lambda fn, runs: (fn(), 0.0)[1])
+    monkeypatch.setattr(tool, 'time_parts', lambda *args: {})
+    x, counts, consts = windows((12, 14), 10, 2, 16, 1)
+    with interpreted(fused):
+        ids = fused._triton_passes(x, counts, 5, consts, 'ieee')
+        row = tool.pruned_row(x, counts, 5, consts, 'ieee', ids, 1)
+    assert row['ids_vs_unpruned_pct'] == 0.0, row
+    assert 0 < row['scanned_pct'] < 100, row
