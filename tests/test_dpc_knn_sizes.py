@@ -216,7 +216,7 @@ def test_pruned_pass2_equals_the_full_scan_on_padded_windows(k, precision):
     of fewer tokens than k, for k = 1 (the row itself only: pass 1 knows
     no other token, nothing is pruned), 2 and 5 (ClusTR's; also in
     'tf32x3', whose wider tie threshold makes more duplicates); and
-    :func:`fused._pending_kernel` alone, in steps of 32 positions: it
+    :func:`fused._pending_kernel` alone, in steps of 8 positions: it
     settles exactly the tokens whose nearest other token is denser
     (:func:`fused.settled_by_nearest`), writes their distance, and lists
     the others' density-order positions ascending with their number."""
@@ -239,7 +239,7 @@ def test_pruned_pass2_equals_the_full_scan_on_padded_windows(k, precision):
         fused._pending_kernel[(g, )](
             sq, tie, order, rho, pass1.rowmax, pass1.nearest,
             pass1.nearest_d2, delta2, score, dmax2, pending, count, n, C=c,
-            BLOCK=32)
+            BLOCK=8)  # 25-token windows: four steps
     settled = fused.settled_by_nearest(pass1, rho)
     if k == 1:
         assert not settled.any()
