@@ -886,20 +886,37 @@ def test_learning_check_weight_change_per_part():
 
 
 @needs_triton
-def test_clustering_speed_pruned_row_under_the_interpreter(monkeypatch):
+def test_clustering_speed_prunes_under_the_interpreter(monkeypatch):
     """clustering_speed.py's A/B of pass 2 pruned against the full scan
-    (a GPU tool: here its CUDA timing stubbed, the kernels interpreted)
-    runs the pruned layout, finds the same ids and reports the share of
-    tokens pass 2 still scans."""
+    and its layout sweep (a GPU tool: here its CUDA timing stubbed, the
+    kernels interpreted): the A/B runs the pruned layout, finds the same
+    ids and reports the share of tokens pass 2 still scans; the sweep times
+    every layout of 64 channels also pruned and keeps the fastest."""
     from fused_cases import interpreted, windows
 
-    from clustr_mm.ops.dpc_knn import fused
+    from clustr_mm.ops.dpc_knn import FUSED_PLAN, fused
     tool = load_tool('clustering_speed')
-    monkeypatch.setattr(tool, 'cuda_time', lambda fn, runs: (fn(), 0.0)[1])
+    timed = []
+
+    def ms(fn, runs):  # runs fn; the n-th timing is n ms
+        fn()
+        timed.append(fn)
+        return float(len(timed))
+    monkeypatch.setattr(tool, 'cuda_time', ms)
     monkeypatch.setattr(tool, 'time_parts', lambda *args: {})
+    monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda: (9, 0))
+    monkeypatch.setattr(fused, 'MEASURED', dict(fused.MEASURED))
     x, counts, consts = windows((12, 14), 10, 2, 16, 1)
     with interpreted(fused):
         ids = fused._triton_passes(x, counts, 5, consts, 'ieee')
         row = tool.pruned_row(x, counts, 5, consts, 'ieee', ids, 1)
+        timed.clear()
+        x, counts, consts = windows((8, 8), None, 2, 64, 1)
+        swept = tool.sweep([(x, counts, 5, consts, FUSED_PLAN)], 1)
     assert row['ids_vs_unpruned_pct'] == 0.0, row
     assert 0 < row['scanned_pct'] < 100, row
+    layouts = tool.SWEEP[64]
+    assert len(swept[64]['ms']) == 2 * len(layouts)  # each also pruned
+    assert swept[64]['fastest'] == str(layouts[0])  # timed first: 1 ms
+    assert fused.MEASURED[(9, 64, 'tf32x3')] == fused.KernelConfig(
+        *layouts[0])

@@ -140,7 +140,10 @@ def time_parts(x, counts, k, windows, precision, runs, config=None):
 
 
 # --sweep: layouts of passes 1 and 2 in 'tf32x3' by channels, each free of
-# spills on sm_90 (ptxas, Triton 3.6 and 3.8); (warps, rows once, stages)
+# spills on sm_90 (ptxas, Triton 3.6 and 3.8); (warps, rows once, stages).
+# Up to PRUNE_UP_TO channels each is also timed with pass 2 pruned
+# (KernelConfig.prune_denser; not every one of those checked for spills).
+PRUNE_UP_TO = 128
 SWEEP = {64: [(4, True, 1), (8, True, 1), (4, True, 2)],
          128: [(4, False, 1), (4, False, 2), (8, False, 1), (8, False, 2),
                (8, False, 3), (8, True, 2), (8, True, 3)],
@@ -150,8 +153,9 @@ SWEEP = {64: [(4, True, 1), (8, True, 1), (4, True, 2)],
 
 def sweep(calls, runs):
     """Per stage, passes 1 and 2 ('tf32x3') timed in each layout of
-    :data:`SWEEP`; the fastest is put in ``fused.MEASURED`` for the rest of
-    the run. Returns {channels: {layout: ms}}."""
+    :data:`SWEEP` (and pruned, up to :data:`PRUNE_UP_TO` channels); the
+    fastest is put in ``fused.MEASURED`` for the rest of the run. Returns
+    {channels: {layout: ms}}."""
     from clustr_mm.ops.dpc_knn import fused
     out, seen = {}, set()
     for x, counts, k, windows, _ in calls:
@@ -165,18 +169,21 @@ def sweep(calls, runs):
                                 'tf32x3')
         rho, rowmax = pass1.rho.gather(1, pass1.first), pass1.rowmax
         order = torch.sort(rho, dim=1, descending=True, stable=True).indices
-        times = {}
-        for layout in SWEEP[c]:
-            config = fused.KernelConfig(*layout)
-            times[str(layout)] = cuda_time(lambda: (
-                fused._knn_pass(hi, lo, sq, tie, windows.knn_scale, k,
-                                'tf32x3', config),
-                fused._denser_pass(hi, lo, sq, tie, order, rho, rowmax,
-                                   'tf32x3', config)), runs)
+        prunes = (False, True) if c <= PRUNE_UP_TO else (False, )
+        layouts = {str((*layout, 'pruned') if prune else layout):
+                   fused.KernelConfig(*layout, prune_denser=prune)
+                   for layout in SWEEP[c] for prune in prunes}
+
+        def passes(config):
+            first = fused._knn_pass(hi, lo, sq, tie, windows.knn_scale, k,
+                                    'tf32x3', config)
+            fused._denser_pass(hi, lo, sq, tie, order, rho, rowmax, 'tf32x3',
+                               config, first)
+        times = {name: cuda_time(lambda: passes(config), runs)
+                 for name, config in layouts.items()}
         best = min(times, key=times.get)
         major = torch.cuda.get_device_capability()[0]
-        fused.MEASURED[(major, c, 'tf32x3')] = fused.KernelConfig(
-            *SWEEP[c][list(times).index(best)])
+        fused.MEASURED[(major, c, 'tf32x3')] = layouts[best]
         out[c] = dict(ms=times, fastest=best)
         print(f'[sweep] {x.shape[1]} tokens x {c}: {times}; fastest {best}',
               flush=True)
