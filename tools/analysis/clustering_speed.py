@@ -141,9 +141,8 @@ def time_parts(x, counts, k, windows, precision, runs, config=None):
 
 # --sweep: layouts of passes 1 and 2 in 'tf32x3' by channels, each free of
 # spills on sm_90 (ptxas, Triton 3.6 and 3.8); (warps, rows once, stages).
-# Up to PRUNE_UP_TO channels each is also timed with pass 2 pruned
+# Up to fused.PRUNE_MAX_CHANNELS each is also timed with pass 2 pruned
 # (KernelConfig.prune_denser; not every one of those checked for spills).
-PRUNE_UP_TO = 128
 SWEEP = {64: [(4, True, 1), (8, True, 1), (4, True, 2)],
          128: [(4, False, 1), (4, False, 2), (8, False, 1), (8, False, 2),
                (8, False, 3), (8, True, 2), (8, True, 3)],
@@ -153,7 +152,7 @@ SWEEP = {64: [(4, True, 1), (8, True, 1), (4, True, 2)],
 
 def sweep(calls, runs):
     """Per stage, passes 1 and 2 ('tf32x3') timed in each layout of
-    :data:`SWEEP` (and pruned, up to :data:`PRUNE_UP_TO` channels); the
+    :data:`SWEEP` (and pruned, up to ``fused.PRUNE_MAX_CHANNELS``); the
     fastest is put in ``fused.MEASURED`` for the rest of the run. Returns
     {channels: {layout: ms}}."""
     from clustr_mm.ops.dpc_knn import fused
@@ -169,7 +168,7 @@ def sweep(calls, runs):
                                 'tf32x3')
         rho, rowmax = pass1.rho.gather(1, pass1.first), pass1.rowmax
         order = torch.sort(rho, dim=1, descending=True, stable=True).indices
-        prunes = (False, True) if c <= PRUNE_UP_TO else (False, )
+        prunes = (False, True) if c <= fused.PRUNE_MAX_CHANNELS else (False, )
         layouts = {str((*layout, 'pruned') if prune else layout):
                    fused.KernelConfig(*layout, prune_denser=prune)
                    for layout in SWEEP[c] for prune in prunes}

@@ -98,8 +98,9 @@ MAX_SCALES = 2
 # DENSER_BLOCK_N) in registers); warps of the assignment (the other layouts:
 # kernel_config).
 DENSER_BLOCK_N, ASSIGN_WARPS = 32, 8
-# Positions per step of the pruning's one program per window.
-PENDING_BLOCK = 1024
+# Positions per step of the pruning's one program per window; the most
+# channels kernel_config prunes pass 2 for.
+PENDING_BLOCK, PRUNE_MAX_CHANNELS = 1024, 128
 
 
 if triton is not None:
@@ -661,7 +662,8 @@ def kernel_config(device: torch.device, channels: int, precision: str,
         rows_once = _whole_rows(channels)
         config = KernelConfig(4 if precision == 'tf32x3' or rows_once else 8,
                               rows_once)
-    if not prune or channels > 128 or (arch < 9 and precision == 'tf32x3'):
+    if not prune or channels > PRUNE_MAX_CHANNELS or (
+            arch < 9 and precision == 'tf32x3'):
         return config
     return config._replace(prune_denser=True)
 
