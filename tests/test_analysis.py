@@ -908,8 +908,7 @@ def test_clustering_speed_prunes_under_the_interpreter(monkeypatch):
     monkeypatch.setattr(fused, 'MEASURED', dict(fused.MEASURED))
     x, counts, consts = windows((12, 14), 10, 2, 16, 1)
     with interpreted(fused):
-        ids = fused._triton_passes(x, counts, 5, consts, 'ieee')
-        row = tool.pruned_row(x, counts, 5, consts, 'ieee', ids, 1)
+        row = tool.pruned_row(x, counts, 5, consts, 'ieee', 1)
         timed.clear()
         x, counts, consts = windows((8, 8), None, 2, 64, 1)
         swept = tool.sweep([(x, counts, 5, consts, FUSED_PLAN)], 1)

@@ -258,7 +258,7 @@ def stage_rows(calls, args):
                 ids_vs_reference_pct=100 * report['id_mismatches'] / total,
                 agreement=report)
             row[precision]['pruned'] = pruned_row(
-                x, counts, k, windows, precision, ids, args.runs)
+                x, counts, k, windows, precision, args.runs)
             if baseline is not None:
                 old = baseline._triton_passes(x, counts, k, windows,
                                               precision)
@@ -276,24 +276,26 @@ def stage_rows(calls, args):
     return rows
 
 
-def pruned_row(x, counts, k, windows, precision, ids, runs):
+def pruned_row(x, counts, k, windows, precision, runs):
     """Pass 2 pruned by pass 1's nearest other token
-    (``KernelConfig.prune_denser``) beside the layout without it: the
-    implementation's milliseconds both ways, the pruned parts, the share
-    of tokens pass 2 still scans and the ids that differ from ``ids``."""
+    (``KernelConfig.prune_denser``) beside the same layout without it
+    (whichever the default is): the implementation's milliseconds both
+    ways, the pruned parts, the share of tokens pass 2 still scans and the
+    ids that differ between the two."""
     from clustr_mm.ops.dpc_knn import fused
-    plain = fused.kernel_config(x.device, x.shape[2], precision)
     config = fused.kernel_config(x.device, x.shape[2], precision, prune=True)
     if not config.prune_denser:
-        return dict(skipped='no pruned layout free of spills here '
-                    '(fused.kernel_config)')
+        return dict(skipped=f'fused.kernel_config prunes no layout for '
+                    f'{x.shape[2]} channels in {precision} here')
+    plain = config._replace(prune_denser=False)
     hi, lo, sq, tie = fused._prep(x, windows.invalid, precision)
     pass1 = fused._knn_pass(hi, lo, sq, tie, windows.knn_scale,
                             min(k, x.shape[1]), precision, config)
     settled = fused.settled_by_nearest(pass1,
                                        pass1.rho.gather(1, pass1.first))
-    got = fused._triton_passes(x, counts, k, windows, precision,
-                               config=config)
+    got, full = (fused._triton_passes(x, counts, k, windows, precision,
+                                      config=layout)
+                 for layout in (config, plain))
     return dict(
         passes_ms=cuda_time(lambda: fused._triton_passes(
             x, counts, k, windows, precision, config=config), runs),
@@ -301,7 +303,7 @@ def pruned_row(x, counts, k, windows, precision, ids, runs):
             x, counts, k, windows, precision, config=plain), runs),
         parts_ms=time_parts(x, counts, k, windows, precision, runs, config),
         scanned_pct=100 * float((~settled).float().mean()),
-        ids_vs_unpruned_pct=100 * float((got != ids).sum()) / ids.numel())
+        ids_vs_unpruned_pct=100 * float((got != full).sum()) / full.numel())
 
 
 def network_alone(model, images, calls, peer, runs):
