@@ -660,6 +660,123 @@ def test_train_speed_clear_errors(tmp_path):
     assert 'cannot be set' in none.stdout, none.stdout[-2000:]
 
 
+def test_train_speed_knows_every_release_schedule():
+    """Every config that reproduces a release maps to its recipe and the
+    official schedule's iterations (ImageNet: 300 epochs of 1,251 full
+    batches of 1024, the last partial batch dropped as timm and DeiT do;
+    COCO: 12 epochs of 7,330; ADE20K: 160k); the hours are the iterations
+    at the median time, given only when measured as the recipe trains."""
+    speed = load_tool('train_speed')
+    table = speed.read_recipes()
+    iterations = {'paca-imagenet': 375300, 'clustr-imagenet': 375300,
+                  'paca-mask-rcnn-ms-1x': 87960, 'paca-upernet-160k': 160000,
+                  'paca-head-160k': 160000}
+    assert sorted(table['recipes']) == sorted(iterations)
+    for config, entry in table['configs'].items():
+        assert speed.recipe_for(config) == entry['recipe'], config
+        assert speed.schedule_iterations(
+            table['recipes'][entry['recipe']]) == iterations[entry['recipe']]
+    for config in ('configs/clustr/clustr-t_embedded-imagenet.py',
+                   'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py'):
+        assert speed.recipe_for(config) is None
+        assert speed.release_estimate({}, None, True) == dict(recipe=None)
+    upernet = 'configs/paca/upernet_paca-t_8xb2-160k_ade20k-512x512.py'
+    as_trained = speed.release_estimate(
+        dict(batch=2, s_per_iter=0.45), speed.recipe_for(upernet), True)
+    assert as_trained == dict(
+        recipe='paca-upernet-160k', recipe_gpus=8, recipe_iterations=160000,
+        expected_hours=20.0, expected_hours_not_given=None)
+    other = speed.release_estimate(dict(batch=4, s_per_iter=0.45),
+                                   'paca-upernet-160k', False)
+    assert other['expected_hours'] is None
+    assert other['expected_hours_not_given'] == (
+        "batch 4, the recipe's is 2 per GPU; precision: the recipe trains "
+        'with amp, this run without --amp')
+
+
+def test_train_speed_goes_on_after_a_failed_config(monkeypatch, tmp_path,
+                                                   capsys):
+    """A config that fails (out of memory, say) is named and the next is
+    still measured; the exit status says one failed."""
+    speed = load_tool('train_speed')
+    first, second = ('configs/clustr/clustr-t_embedded-imagenet.py',
+                     'configs/paca/paca-t_embedded-imagenet.py')
+
+    def measure(config, cfg, args):
+        if config == first:
+            raise RuntimeError('CUDA out of memory (planted)')
+        assert cfg.model.backbone.init_cfg is None
+        return dict(config=config, device='cpu', amp=False, batch=8,
+                    image_shape=[64, 64], s_per_iter=0.25, peak_mem_mb=9.0,
+                    recipe=None)
+
+    monkeypatch.setattr(speed, 'measure', measure)
+    out = tmp_path / 'rows.jsonl'
+    out.write_text('an earlier run\n')
+    assert speed.main([first, second, '--out', str(out)]) == 1
+    printed = capsys.readouterr()
+    assert f'[train-speed] FAILED {first}' in printed.out
+    assert 'CUDA out of memory (planted)' in printed.err
+    assert '1 of 2 configs failed' in printed.out
+    assert [json.loads(ln)['config'] for ln in
+            out.read_text().splitlines()] == [second]
+    assert '| paca-t_embedded-imagenet.py | cpu | no | 8 | 64x64 | 0.2500 |' \
+        in printed.out
+    # --release: the named configs, then every release one, each once
+    from mmengine.config import Config
+    measured = []
+    monkeypatch.setattr(speed, 'load', lambda config: Config(dict(
+        model=dict(backbone=dict()), train_dataloader=dict(dataset={}))))
+    monkeypatch.setattr(speed, 'measure', lambda config, cfg, args: (
+        measured.append(config) or dict(
+            config=config, device='cpu', amp=False, batch=2,
+            image_shape=None, s_per_iter=1.0, peak_mem_mb=1.0,
+            recipe=None)))
+    table = speed.read_recipes()['configs']
+    release = list(table)
+    assert speed.main([second, release[3], '--release']) == 0
+    assert measured == [second, release[3]] + release[:3] + release[4:]
+    measured.clear()
+    assert speed.main(['--release', 'paca-head-160k']) == 0
+    assert measured == [c for c in release
+                        if table[c]['recipe'] == 'paca-head-160k']
+    assert len(measured) == 12
+    capsys.readouterr()
+    for argv, error in (([], 'name a CONFIG, or --release'),
+                        (['--release', 'paca-retinanet'],
+                         '--release: no recipe paca-retinanet')):
+        with pytest.raises(SystemExit):
+            speed.main(argv)
+        assert error in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_train_speed_fills_the_batch_with_repeat(tiny_data, tmp_path):
+    """The embedded ImageNet has 32 training images: a batch of 40 needs
+    --repeat (without it the short batch is an error that says so, not a
+    timing of 32 images); several configs run in one process, each a JSON
+    row in --out and a line of the table."""
+    configs = ['configs/clustr/clustr-t_embedded-imagenet.py',
+               'configs/paca/paca-t_embedded-imagenet.py']
+    short = _train_speed([configs[0], '--batch', '40', '--iters', '1',
+                          '--warmup', '1'], tmp_path, check=False)
+    assert short.returncode == 1, short.stdout[-2000:]
+    assert '32 images, not the batch of 40' in short.stdout
+    assert '--repeat N' in short.stdout
+    assert '[train-speed] {' not in short.stdout
+    out = tmp_path / 'rows.jsonl'
+    proc = _train_speed([*configs, '--batch', '40', '--repeat', '3',
+                         '--iters', '1', '--warmup', '1', '--out', str(out)],
+                        tmp_path)
+    rows = [json.loads(ln) for ln in out.read_text().splitlines()]
+    assert [r['config'] for r in rows] == configs
+    assert all(r['batch'] == 40 and r['image_shape'] == [64, 64]
+               and r['recipe'] is None for r in rows), rows
+    for config in configs:
+        assert f'| {config.split("/")[-1]} | cpu | no | 40 | 64x64 |' \
+            in proc.stdout
+
+
 # --------------------------------------------------------------------------
 # Traffic census
 

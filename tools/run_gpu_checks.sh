@@ -15,7 +15,13 @@
 #     profile per model; bench-224-ieee: ClusTR-S in 'ieee';
 #  4. train-speed.log: Mask R-CNN 1x s/iter, ClusTR-S, PaCa-S and Swin-T,
 #     fp32 and AMP;
-#  5. tier.log: the rest of the GPU tier; bench-800-*, nan-fp16.log.
+#  5. tier.log: the rest of the GPU tier; bench-800-*, nan-fp16.log;
+#  6. release-time{,-coco}.{log,jsonl}: s/iter of every config that
+#     reproduces a release, at its recipe's batch per GPU with --amp, and the
+#     hours its official schedule takes on the recipe's 8 GPUs
+#     (train_speed.py --release; the tiny embedded data, read 32 times an
+#     epoch; Mask R-CNN at 853x640, the multi-scale recipe's mean scale for
+#     COCO's usual 4:3 image).
 # Steps 3-5 build mmdet's models, which need mmcv's CUDA ops: where a build
 # of them runs in the background, CLUSTR_MM_MMCV_WAIT=SECONDS waits that long
 # for `import mmcv.ops` first. Exits non-zero if a tier step fails.
@@ -84,5 +90,14 @@ log "5. the rest"
   swin-t --out "$OUT/bench-800.json" 2>&1 | tee "$OUT/bench-800.log"
 "$PY" tools/analysis/nan_check.py configs/clustr/clustr-t_embedded-imagenet.py \
   --amp fp16 --iters 200 --work-dir "$OUT/nan-fp16" 2>&1 | tee "$OUT/nan-fp16.log"
+log "6. release schedules: s/iter at the recipes' batch and precision"
+"$PY" tools/analysis/train_speed.py --release clustr-imagenet paca-imagenet \
+  paca-upernet-160k paca-head-160k --amp --repeat 32 --iters 5 --warmup 2 \
+  --out "$OUT/release-time.jsonl" 2>&1 | grep -v ' - mmengine - ' \
+  | tee "$OUT/release-time.log"
+"$PY" tools/analysis/train_speed.py --release paca-mask-rcnn-ms-1x \
+  --input-size 853x640 --amp --repeat 32 --iters 5 --warmup 2 \
+  --out "$OUT/release-time-coco.jsonl" 2>&1 | grep -v ' - mmengine - ' \
+  | tee "$OUT/release-time-coco.log"
 log "done; tier failures: $FAILED; results in $OUT"
 exit "$FAILED"
