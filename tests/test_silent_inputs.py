@@ -721,6 +721,9 @@ def test_tool_arguments_are_refused_when_read(capsys, tmp_path, monkeypatch):
     speed = load_tool('train_speed')
     _refused(capsys, lambda: speed.main([CONFIG, '--batch', '0']),
              "argument --batch: must be an int >= 1, got '0'")
+    _refused(capsys, lambda: speed.main([CONFIG, '--out', str(tmp_path)]),
+             f"argument --out: {str(tmp_path)!r} is a directory; give a "
+             'file name in it')
     draw = load_tool('visualize_clusters')
     image = tmp_path / 'a.png'
     _jpeg(image)

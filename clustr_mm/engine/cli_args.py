@@ -59,8 +59,7 @@ def new_file(text: str) -> str:
     parent is a directory or can be made."""
     if osp.isdir(text):
         raise argparse.ArgumentTypeError(
-            f'{text!r} is a directory; give a file name (e.g. '
-            f'{osp.join(text, "clusters.png")})')
+            f'{text!r} is a directory; give a file name in it')
     parent = osp.dirname(osp.abspath(text))
     while parent and not osp.exists(parent):
         parent = osp.dirname(parent)

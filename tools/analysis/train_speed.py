@@ -54,6 +54,7 @@ if a config failed (the others are still measured).
 import argparse
 import gc
 import json
+import os
 import os.path as osp
 import resource
 import shlex
@@ -73,7 +74,7 @@ from mmengine.hooks import Hook  # noqa: E402
 
 import clustr_mm  # noqa: E402,F401
 from clustr_mm.engine.cli_args import (  # noqa: E402
-    non_negative_int, positive_int)
+    new_file, non_negative_int, positive_int)
 from clustr_mm.engine.amp import use_amp  # noqa: E402
 from clustr_mm.engine.short_run import run_short  # noqa: E402
 
@@ -317,7 +318,8 @@ def main(argv=None):
     parser.add_argument('--warmup', type=non_negative_int, default=3,
                         help='untimed iterations first (default 3)')
     parser.add_argument('--work-dir', help='logs (default: a temporary dir)')
-    parser.add_argument('--out', help='also write the JSON rows here')
+    parser.add_argument('--out', type=new_file,
+                        help='also write the JSON rows here')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         default={}, help='override config entries')
     args = parser.parse_args(argv)
@@ -348,6 +350,7 @@ def main(argv=None):
                              'set')
         cfgs.append(cfg)
     if args.out:
+        os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
         open(args.out, 'w').close()
     rows, failed = [], []
     for config, cfg in zip(args.configs, cfgs):
