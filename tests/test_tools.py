@@ -461,3 +461,29 @@ def test_get_flops_refuses_a_config_without_a_model(tmp_path):
     with pytest.raises(ValueError, match=r'schedule.py: the config has no '
                        r'model = dict\(\.\.\.\)'):
         tool.get_flops(str(config))
+
+
+@pytest.mark.slow
+def test_gpu_checks_refuse_bad_settings_before_any_work(tmp_path):
+    """tools/run_gpu_checks.sh reads its settings before it starts: a step
+    it does not have, no step, a wait that is not whole seconds or a
+    baseline that is no file stop it with a message naming the setting; on
+    a machine without a GPU a valid call stops at the CUDA check."""
+    cases = [({'CLUSTR_MM_GPU_STEPS': '2 7'}, "no step '7' (the steps are"),
+             ({'CLUSTR_MM_GPU_STEPS': ' '},
+              'CLUSTR_MM_GPU_STEPS names no step'),
+             ({'CLUSTR_MM_MMCV_WAIT': '5m'},
+              "CLUSTR_MM_MMCV_WAIT must be whole seconds, got '5m'"),
+             ({'CLUSTR_MM_BASELINE': str(tmp_path / 'no.py')},
+              'is not a file')]
+    if not torch.cuda.is_available():
+        cases.append(({'CLUSTR_MM_GPU_STEPS': '5 6'},
+                      'torch.cuda.is_available() is False'))
+    for env, message in cases:
+        out = tmp_path / 'out'
+        proc = run_tool(['bash', 'tools/run_gpu_checks.sh', str(out)],
+                        env={'PYTHON': sys.executable, **env}, check=False,
+                        python=False, timeout=120)
+        assert proc.returncode == 2, (env, proc.stdout)
+        assert message in proc.stdout, (env, proc.stdout)
+        assert '[gpu_checks]' not in proc.stdout, (env, proc.stdout)
