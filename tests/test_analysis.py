@@ -748,6 +748,12 @@ def test_train_speed_goes_on_after_a_failed_config(monkeypatch, tmp_path,
         with pytest.raises(SystemExit):
             speed.main(argv)
         assert error in capsys.readouterr().err
+    if not torch.cuda.is_available():  # refused while reading, not trained
+        monkeypatch.undo()
+        pose = 'configs/clustr/td-hm_clustr-t_embedded-coco-wholebody.py'
+        with pytest.raises(SystemExit, match=f'{pose}: --amp on the CPU .* '
+                           'cannot train an mmpose config'):
+            speed.main([first, pose, '--amp'])
 
 
 @pytest.mark.slow

@@ -247,17 +247,36 @@ def release_estimate(result: dict, name: Optional[str], amp: bool) -> dict:
         expected_hours_not_given='; '.join(differ) or None)
 
 
-def measure(config: str, cfg: Config, args) -> dict:
-    """Train ``cfg`` for the asked iterations; the result row."""
-    if args.amp:
-        use_amp(cfg)
-    amp = cfg.optim_wrapper.get('type') in AMP_WRAPPERS
+def prepare(config: str, args) -> Config:
+    """``config`` with the command line's changes; what cannot be changed
+    is refused here, before any config trains."""
+    cfg = load(config)
+    cfg.merge_from_dict(args.cfg_options)
+    cfg.launcher = 'none'
+    cfg.model.backbone.init_cfg = None
     loader = cfg.train_dataloader
+    if args.input_size and not fix_input_size(loader.dataset,
+                                              args.input_size):
+        raise SystemExit(f'{config}: no {"/".join(RESIZES)} in the '
+                         'training pipeline, so --input-size cannot be set')
+    if args.amp:
+        try:
+            use_amp(cfg)
+        except ValueError as error:
+            raise SystemExit(f'{config}: {error}') from None
     if args.batch is not None:
         loader.batch_size = args.batch
     if args.repeat > 1:
         loader.dataset = dict(type='RepeatDataset', times=args.repeat,
                               dataset=loader.dataset)
+    return cfg
+
+
+def measure(config: str, cfg: Config, args) -> dict:
+    """Train ``cfg`` (from :func:`prepare`) for the asked iterations; the
+    result row."""
+    amp = cfg.optim_wrapper.get('type') in AMP_WRAPPERS
+    loader = cfg.train_dataloader
     timer = StepTimer(args.warmup, loader.batch_size)
     run_short(cfg, args.warmup + args.iters, [timer], work_dir=args.work_dir)
     timed = timer.times[args.warmup:]
@@ -337,18 +356,7 @@ def main(argv=None):
         parser.error('name a CONFIG, or --release')
 
     # every config is read before any is trained: a typo fails at once
-    cfgs = []
-    for config in args.configs:
-        cfg = load(config)
-        cfg.merge_from_dict(args.cfg_options)
-        cfg.launcher = 'none'
-        cfg.model.backbone.init_cfg = None
-        if args.input_size and not fix_input_size(
-                cfg.train_dataloader.dataset, args.input_size):
-            raise SystemExit(f'{config}: no {"/".join(RESIZES)} in the '
-                             'training pipeline, so --input-size cannot be '
-                             'set')
-        cfgs.append(cfg)
+    cfgs = [prepare(config, args) for config in args.configs]
     if args.out:
         os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
         open(args.out, 'w').close()
