@@ -259,9 +259,9 @@ def test_pruned_pass2_equals_the_full_scan_on_padded_windows(k, precision):
 def test_pass1_knows_the_nearest_other_token():
     """With ``prune_denser`` pass 1 writes each row's nearest other token
     and its squared distance: the brute-force nearest, or -1 where that
-    token shares the row's lane (column mod 32; a lane keeps the column of
-    its smallest key only, here the row itself) and for padding (no other
-    token at a finite distance)."""
+    token shares the row's lane (column mod KNN_BLOCK_N; a lane keeps the
+    column of its smallest key only, here the row itself) and for padding
+    (no other token at a finite distance)."""
     from clustr_mm.ops.dpc_knn import fused
     x, counts, consts = windows((12, 14), 10, 2, 16, 2)  # 100-token windows
     g, n, c = x.shape
@@ -278,7 +278,8 @@ def test_pass1_knows_the_nearest_other_token():
     d.diagonal(dim1=1, dim2=2).fill_(float('inf'))
     best_d, best = d.min(2)
     rows = torch.arange(n)
-    shared = best % 32 == rows % 32
+    lanes = fused.KNN_BLOCK_N
+    shared = best % lanes == rows % lanes
     want = torch.where(shared | pad, -1, best)
     assert 0 < int((shared & ~pad).sum()) < g * n // 10  # both cases seen
     assert torch.equal(pass1.nearest.long(), want)

@@ -100,6 +100,10 @@ class CPUAmpOptimWrapper(OptimWrapper):
             yield
 
 
+# the optimizer wrappers that train in mixed precision
+AMP_WRAPPERS = ('AmpOptimWrapper', 'CPUAmpOptimWrapper')
+
+
 def use_amp(cfg, dtype=None) -> str:
     """Switch ``cfg.optim_wrapper`` to mixed precision; returns its type.
 
@@ -109,8 +113,7 @@ def use_amp(cfg, dtype=None) -> str:
     """
     wrapper = cfg.optim_wrapper
     kind = wrapper.get('type', 'OptimWrapper')
-    amp_kinds = ('AmpOptimWrapper', 'CPUAmpOptimWrapper')
-    if kind not in ('OptimWrapper', *amp_kinds):
+    if kind not in ('OptimWrapper', *AMP_WRAPPERS):
         raise ValueError(
             f"--amp: the config's optim_wrapper is a {kind}; only an "
             'OptimWrapper can be switched to mixed precision')

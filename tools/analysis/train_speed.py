@@ -52,6 +52,7 @@ bound). Prints one ``[train-speed] {json}`` line per config as it finishes
 if a config failed (the others are still measured).
 """
 import argparse
+import functools
 import gc
 import json
 import os
@@ -75,11 +76,10 @@ from mmengine.hooks import Hook  # noqa: E402
 import clustr_mm  # noqa: E402,F401
 from clustr_mm.engine.cli_args import (  # noqa: E402
     new_file, non_negative_int, positive_int)
-from clustr_mm.engine.amp import use_amp  # noqa: E402
+from clustr_mm.engine.amp import AMP_WRAPPERS, use_amp  # noqa: E402
 from clustr_mm.engine.short_run import run_short  # noqa: E402
 
 RECIPES = osp.join(ROOT, 'configs', 'official_recipes.yml')
-AMP_WRAPPERS = ('AmpOptimWrapper', 'CPUAmpOptimWrapper')
 
 RESIZES = ('Resize', 'RandomResize', 'RandomChoiceResize')
 # transforms that pick among or wrap others (mmcv.transforms.wrappers)
@@ -208,7 +208,9 @@ def recipe_for(config: str) -> Optional[str]:
     return None if entry is None else entry['recipe']
 
 
+@functools.lru_cache(maxsize=1)
 def read_recipes() -> dict:
+    """configs/official_recipes.yml, parsed once (read only)."""
     with open(RECIPES) as f:
         return yaml.safe_load(f)
 
