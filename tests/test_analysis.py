@@ -553,6 +553,98 @@ def test_benchmark_profile_lists_the_ops_that_take_the_time():
         tool.parse_args(['--compile', 'default', '--profile'])
 
 
+def test_profile_times_each_stage_and_its_parts():
+    """--profile with the model: a range per stage (its own module, or a
+    ModuleList its owner walks as mmdet's PVTv2 does) and per clustering,
+    attention and MLP module inside it, timed inclusively; the ranges stay
+    out of the op table and their hooks are removed afterwards."""
+    import time
+
+    from clustr_mm.registry import MODELS
+    tool = load_tool('forward_profile')
+    model = MODELS.build(dict(type='ClusTR', arch='tiny')).eval()
+    x = torch.randn(1, 3, 64, 64)
+    wall = []
+
+    def forward():
+        start = time.perf_counter()
+        model(x)
+        wall.append(1e3 * (time.perf_counter() - start))
+    prof = tool.profile_top(forward, lambda: None, 'cpu', model=model)
+    ranges = prof['ranges']
+    depths = [len(stage.blocks) for stage in model.stages]
+    assert [ranges[f'stage{i}']['calls'] for i in (1, 2, 3, 4)] == [1] * 4
+    for i, depth in enumerate(depths, 1):
+        stage = ranges[f'stage{i}']['ms']
+        parts = {k.split('.')[1]: v for k, v in ranges.items()
+                 if k.startswith(f'stage{i}.')}
+        assert parts['attention']['calls'] == parts['mlp']['calls'] == depth
+        assert 0 < parts['attention']['ms'] < stage, (i, ranges)
+        if 'clustering' in parts:  # ClusTR's last stage attends to all
+            assert 0 < parts['clustering']['ms'] < parts['attention']['ms']
+    assert 'clustering' in {k.split('.')[-1] for k in ranges}
+    assert sum(ranges[f'stage{i}']['ms'] for i in (1, 2, 3, 4)) < wall[0]
+    assert not {e['name'] for e in prof['top']} & set(ranges)
+    assert 'stage3: ' in tool.stage_lines(ranges)
+    model(x)  # the hooks are gone: no range left open, nothing appended
+    assert not any(m._forward_pre_hooks for m in model.modules())
+
+    class Walked(nn.Module):  # stages as lists its forward walks
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([nn.ModuleList([
+                nn.Linear(4, 4), nn.ModuleList([nn.Linear(4, 4)]),
+                nn.LayerNorm(4)])])
+            self.layers[0][1][0].ffn = nn.Identity()
+
+        def forward(self, x):
+            embed, blocks, norm = self.layers[0]
+            x = embed(x)
+            for block in blocks:
+                x = block.ffn(block(x))
+            return norm(x)
+    walked = Walked()
+    prof = tool.profile_top(lambda: walked(torch.randn(2, 4)), lambda: None,
+                            'cpu', model=walked)
+    assert prof['ranges']['stage1']['calls'] == 1
+    assert prof['ranges']['stage1.mlp']['calls'] == 1
+
+
+def test_profile_lists_each_kernel_once_on_a_gpu():
+    """On a GPU the op table lists the kernels only: the CPU op that
+    launched a kernel carries the kernel's time as its own self device
+    time, so listing both counted every kernel twice (the 2026-11-27 H200
+    profile's totals); user annotations (the stage ranges' device side)
+    are left out too. Stage ranges are timed from their CPU-side events."""
+    from types import SimpleNamespace as Event
+
+    from torch.autograd import DeviceType
+    tool = load_tool('forward_profile')
+    cpu, gpu = DeviceType.CPU, DeviceType.CUDA
+
+    def avg(key, device, self_dev_us, self_cpu_us=0, note=False):
+        return Event(key=key, name=key, count=2, device_type=device,
+                     self_device_time_total=self_dev_us,
+                     device_time_total=self_dev_us,
+                     self_cpu_time_total=self_cpu_us,
+                     cpu_time_total=self_cpu_us, is_user_annotation=note)
+    events = [avg('aten::mm', cpu, 5000, 300), avg('gemm_kernel', gpu, 5000),
+              avg('aten::add', cpu, 1000, 200), avg('add_kernel', gpu, 1000),
+              avg('stage1', gpu, 7000, note=True),
+              avg('stage1.mlp', gpu, 6000), avg('stage1', cpu, 6000, 900)]
+    ranges = {'stage1', 'stage1.mlp'}
+    got = tool.top_ops(events, 'cuda', ranges, rows=5)
+    assert [e['name'] for e in got['top']] == ['gemm_kernel', 'add_kernel']
+    assert got['total_ms'] == pytest.approx(6.0)
+    got = tool.top_ops(events, 'cpu', ranges, rows=5)
+    assert [e['name'] for e in got['top']] == ['aten::mm', 'aten::add']
+    assert got['total_ms'] == pytest.approx(0.5)
+    assert tool.range_totals(events, 'cuda', ranges) == {
+        'stage1': dict(ms=6.0, calls=1)}
+    assert tool.range_totals(events, 'cpu', ranges) == {
+        'stage1': dict(ms=0.9, calls=1)}
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason='a GPU is present')
 def test_benchmark_cuda_without_gpu_fails_clearly():

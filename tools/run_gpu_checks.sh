@@ -12,7 +12,8 @@
 #     reference on the GPU;
 #  3. bench-224.{log,json}: the benchmark table, bf16, batch 128, inference
 #     and training step (the default precision, tf32x3), with a kernel
-#     profile per model; bench-224-ieee: ClusTR-S in 'ieee';
+#     profile per model and the time of each stage and of its attention,
+#     clustering and MLP; bench-224-ieee: ClusTR-S in 'ieee';
 #  4. train-speed{,-amp}.{log,jsonl}: Mask R-CNN 1x s/iter, ClusTR-S, PaCa-S
 #     and Swin-T, fp32 and AMP;
 #  5. tier.log: the rest of the GPU tier; bench-800-*, nan-fp16.log;

@@ -66,10 +66,8 @@ sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 from benchmark_common import (Table, autocast, parse_common,  # noqa: E402
                               parser_for, prepare, run, run_info,
                               synchronizer, time_forward, timed_phase)
+from forward_profile import BlockTimer, profile_top, stage_lines  # noqa: E402
 
-# Which part of a block a module's time belongs to, by the module's name.
-CATEGORIES = (('clustering', ('cluster', 'clustering')), ('attention', ('attn', )),
-              ('mlp', ('mlp', 'ffn')))
 REFERENCE = 'pvtv2-b2'  # img/s ratios are given against this model
 # options of this tool before each job had its own
 MOVED = {'--census': 'op_census.py', '--traffic': 'traffic_census.py',
@@ -86,60 +84,6 @@ def grad_scaler():
     if hasattr(torch.amp, 'GradScaler'):
         return torch.amp.GradScaler('cuda')
     return torch.cuda.amp.GradScaler()
-
-
-class BlockTimer:
-    """Exclusive wall time per category, via forward hooks on named modules
-    (synchronised on a GPU, so that a module's kernels are its own)."""
-
-    def __init__(self, model, sync):
-        self.totals = dict.fromkeys([c for c, _ in CATEGORIES], 0.0)
-        self.stack = []
-        self.sync = sync
-        for name, module in model.named_modules():
-            leaf = name.rsplit('.', 1)[-1]
-            for cat, keys in CATEGORIES:
-                if leaf in keys:
-                    module.register_forward_pre_hook(self._enter)
-                    module.register_forward_hook(
-                        lambda m, i, o, cat=cat: self._exit(cat))
-                    break
-
-    def _enter(self, module, inputs):
-        self.sync()
-        self.stack.append([time.perf_counter(), 0.0])
-
-    def _exit(self, cat):
-        self.sync()
-        start, child = self.stack.pop()
-        spent = time.perf_counter() - start
-        self.totals[cat] += spent - child
-        if self.stack:
-            self.stack[-1][1] += spent
-
-
-def profile_top(forward, sync, device, rows=15):
-    """The ops (CUDA kernels on a GPU, aten ops on the CPU) with the most
-    self time in one eval forward, by torch.profiler: which kernels a slow
-    model spends its time in, where the traffic census only bounds it."""
-    from torch.profiler import ProfilerActivity, profile
-    activities = [ProfilerActivity.CPU]
-    if device == 'cuda':
-        activities.append(ProfilerActivity.CUDA)
-    with torch.no_grad(), profile(activities=activities) as prof:
-        forward()
-        sync()
-    events = list(prof.key_averages())
-    attr = 'self_cpu_time_total'
-    if device == 'cuda':  # self device time: the kernels (torch < 2.4: cuda)
-        attr = ('self_device_time_total' if events and hasattr(
-            events[0], 'self_device_time_total') else 'self_cuda_time_total')
-    events = [e for e in events if getattr(e, attr) > 0]
-    events.sort(key=lambda e: -getattr(e, attr))
-    total = sum(getattr(e, attr) for e in events)
-    return dict(total_ms=total / 1e3, top=[
-        dict(name=e.key[:90], ms=getattr(e, attr) / 1e3, calls=e.count)
-        for e in events[:rows]])
 
 
 def compiled_graphs():
@@ -202,7 +146,8 @@ def measure(name, size, args):
             total = time.perf_counter() - t0
         result['breakdown_s'] = dict(timer.totals, total=total)
     if args.profile:
-        result['profile'] = profile_top(forward, sync, args.device)
+        result['profile'] = profile_top(forward, sync, args.device,
+                                        model=model)
     if args.flops:
         from clustr_mm.analysis.flops import analyze_flops
         by_op = analyze_flops(model, x).by_operator
@@ -256,6 +201,7 @@ class SpeedTable(Table):
                      'in one forward; the most:')
             line += ''.join(f'\n      {e["ms"]:9.2f} ms {e["calls"]:5d}x  '
                             f'{e["name"]}' for e in p['top'])
+            line += stage_lines(p.get('ranges', {}))
         if 'breakdown_s' in r:
             line += '\n    ' + ', '.join(f'{k} {v:.3f}s'
                                          for k, v in r['breakdown_s'].items())
