@@ -290,16 +290,32 @@ def test_amp_trains_on_a_gpu(tiny_data, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.cuda
-def test_benchmark_on_a_gpu():
+def test_benchmark_on_a_gpu(tmp_path):
     """The GPU side of test_analysis'
-    test_benchmark_cuda_without_gpu_fails_clearly."""
+    test_benchmark_cuda_without_gpu_fails_clearly, with the training step
+    and the profile: ClusTR-S's clustering runs the fused op (its row's
+    precision is tf32x3), the profile's table lists CUDA kernels only (no
+    aten op) and times each stage and its clustering. (The rows are read from --out: the parent prints a table, the
+    children's RESULT lines stay in the parent.)"""
+    out = tmp_path / 'bench.json'
     proc = run_tool(['tools/analysis/benchmark.py', '--device', 'cuda',
                      '--models', 'paca-t', 'clustr-s-exact', '--sizes', '64',
-                     '--runs', '2'], timeout=600)
-    rows = [json.loads(ln[len('RESULT '):]) for ln in
-            proc.stdout.splitlines() if ln.startswith('RESULT ')]
-    assert rows, proc.stdout[-3000:]
-    assert all(r.get('device', 'cuda').startswith('cuda') for r in rows)
+                     '--runs', '2', '--amp', 'bf16', '--train-step',
+                     '--profile', '--out', str(out)], timeout=600)
+    rows = json.loads(out.read_text())
+    assert [r['model'] for r in rows] == ['paca-t', 'clustr-s-exact'], \
+        proc.stdout[-3000:]
+    for r in rows:
+        assert 'error' not in r, r
+        assert r['device'] == 'cuda' and r['infer_img_s'] > 0, r
+        assert r['train_img_s'] > 0 and r['peak_train_mem_mb'] > 0, r
+        names = [e['name'] for e in r['profile']['top']]
+        assert not any(n.startswith('aten::') for n in names), names
+        assert {f'stage{i}' for i in (1, 2, 3, 4)} <= set(
+            r['profile']['ranges']), r['profile']['ranges']
+    clustr = rows[1]
+    assert clustr['precision'] == 'tf32x3', clustr
+    assert clustr['profile']['ranges']['stage1.clustering']['ms'] > 0
 
 
 @pytest.mark.slow
