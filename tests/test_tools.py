@@ -1,6 +1,8 @@
 """End-to-end runs of tools/train.py, tools/test.py, dist_train.sh and
 dist_test.sh (marked slow), and the tools' argument checks (in-process)."""
+import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -466,16 +468,21 @@ def test_get_flops_refuses_a_config_without_a_model(tmp_path):
 @pytest.mark.slow
 def test_gpu_checks_refuse_bad_settings_before_any_work(tmp_path):
     """tools/run_gpu_checks.sh reads its settings before it starts: a step
-    it does not have, no step, a wait that is not whole seconds or a
-    baseline that is no file stop it with a message naming the setting; on
-    a machine without a GPU a valid call stops at the CUDA check."""
+    it does not have, no step, a wait that is not whole seconds, a baseline
+    that is no file or a PYTHON that is no interpreter stop it with a
+    message naming the setting; on a machine without a GPU a valid call
+    stops at the CUDA check. Without PYTHON and without the default
+    environment (a lent GPU machine: .venv is not copied there) it runs
+    python3."""
     cases = [({'CLUSTR_MM_GPU_STEPS': '2 7'}, "no step '7' (the steps are"),
              ({'CLUSTR_MM_GPU_STEPS': ' '},
               'CLUSTR_MM_GPU_STEPS names no step'),
              ({'CLUSTR_MM_MMCV_WAIT': '5m'},
               "CLUSTR_MM_MMCV_WAIT must be whole seconds, got '5m'"),
              ({'CLUSTR_MM_BASELINE': str(tmp_path / 'no.py')},
-              'is not a file')]
+              'is not a file'),
+             ({'PYTHON': str(tmp_path / 'no-python')},
+              'is not a Python interpreter here')]
     if not torch.cuda.is_available():
         cases.append(({'CLUSTR_MM_GPU_STEPS': '5 6'},
                       'torch.cuda.is_available() is False'))
@@ -487,3 +494,16 @@ def test_gpu_checks_refuse_bad_settings_before_any_work(tmp_path):
         assert proc.returncode == 2, (env, proc.stdout)
         assert message in proc.stdout, (env, proc.stdout)
         assert '[gpu_checks]' not in proc.stdout, (env, proc.stdout)
+    bare = tmp_path / 'checkout'  # the script where no .venv is
+    (bare / 'tools').mkdir(parents=True)
+    shutil.copy(ROOT / 'tools' / 'run_gpu_checks.sh', bare / 'tools')
+    (tmp_path / 'bin').mkdir()
+    stub = tmp_path / 'bin' / 'python3'
+    stub.write_text('#!/bin/sh\necho "python3 was run"; exit 3\n')
+    stub.chmod(0o755)
+    proc = run_tool(['bash', str(bare / 'tools' / 'run_gpu_checks.sh'),
+                     str(tmp_path / 'out')], check=False, python=False,
+                    env={'PYTHON': '',
+                         'PATH': f'{stub.parent}:{os.environ["PATH"]}'})
+    assert proc.returncode == 2 and 'python3 was run' in proc.stdout, \
+        proc.stdout

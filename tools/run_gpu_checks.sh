@@ -31,7 +31,12 @@
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="${1:-$ROOT/gpu_checks/$(date -u +%Y-%m-%d)}"
+# the default environment's Python, else python3 (a GPU machine with the
+# stack installed system-wide, as a lent device after .gpu/install.sh)
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
+[ -n "${PYTHON:-}" ] || [ -x "$PY" ] || PY=python3
+command -v "$PY" >/dev/null || {
+  echo "PYTHON=$PY is not a Python interpreter here" >&2; exit 2; }
 BASELINE="${CLUSTR_MM_BASELINE:-}"
 [ -z "$BASELINE" ] || [ -f "$BASELINE" ] || {
   echo "CLUSTR_MM_BASELINE=$BASELINE is not a file (an earlier fused.py)" >&2
