@@ -295,8 +295,9 @@ def test_benchmark_on_a_gpu(tmp_path):
     test_benchmark_cuda_without_gpu_fails_clearly, with the training step
     and the profile: ClusTR-S's clustering runs the fused op (its row's
     precision is tf32x3), the profile's table lists CUDA kernels only (no
-    aten op) and times each stage and its clustering. (The rows are read from --out: the parent prints a table, the
-    children's RESULT lines stay in the parent.)"""
+    aten op) and times each stage and its clustering. (The rows are read
+    from --out: the parent prints a table, the children's RESULT lines stay
+    in the parent.)"""
     out = tmp_path / 'bench.json'
     proc = run_tool(['tools/analysis/benchmark.py', '--device', 'cuda',
                      '--models', 'paca-t', 'clustr-s-exact', '--sizes', '64',

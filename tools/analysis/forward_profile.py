@@ -13,8 +13,10 @@ CATEGORIES = (('clustering', ('cluster', 'clustering')),
               ('attention', ('attn', )), ('mlp', ('mlp', 'ffn')))
 
 
-def category(leaf):
-    """The CATEGORIES kind of a module by the last part of its name."""
+def category(name):
+    """The CATEGORIES kind of a module by the last part of its (dotted)
+    name, or None."""
+    leaf = name.rsplit('.', 1)[-1]
     return next((cat for cat, keys in CATEGORIES if leaf in keys), None)
 
 
@@ -27,7 +29,7 @@ class BlockTimer:
         self.stack = []
         self.sync = sync
         for name, module in model.named_modules():
-            cat = category(name.rsplit('.', 1)[-1])
+            cat = category(name)
             if cat is not None:
                 module.register_forward_pre_hook(self._enter)
                 module.register_forward_hook(
@@ -80,7 +82,7 @@ def stage_ranges(model):
         spans = [(f'stage{i}', _called(stage, 0), _called(stage, -1))]
         outer = []  # (name, kind) of the modules given a range so far
         for name, module in stage.named_modules():
-            cat = category(name.rsplit('.', 1)[-1])
+            cat = category(name)
             if cat is None or any(  # once: mmdet's PVTv2 has attn.attn
                     name.startswith(a + '.') for a, c in outer if c == cat):
                 continue
