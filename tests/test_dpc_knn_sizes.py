@@ -175,7 +175,6 @@ def pruned_and_full(x, counts, k, consts, precision):
     from clustr_mm.ops.dpc_knn import FUSED_PLAN, fused
     plan = FUSED_PLAN._replace(precision=precision)
     config = fused.kernel_config(x.device, x.shape[2], precision)
-    assert not config.prune_denser
     with interpreted(fused):
         return [fused.probed(x, counts, k, consts, plan,
                              config._replace(prune_denser=prune))

@@ -23,15 +23,15 @@ Five launches of its own (one more pruned) and three of torch per call:
   columns before it (the denser tokens), keeping an elementwise running
   minimum; its store writes the squared distance to the nearest denser
   token and the center score ``rho * sqrt(delta2 / C)`` (-inf at padding).
-* Pruned (:attr:`KernelConfig.prune_denser`, off unless a layout sets
-  it): pass 1 also keeps, per accumulator position, the column of its
-  smallest key, so it knows most rows' nearest other token (not where the
-  row and that token share a lane). Where that token is denser it is the
-  nearest denser one (nothing else is nearer), and
-  :func:`_pending_kernel` (one program per window) writes its distance
-  and score; pass 2 then scans only the other rows, gathered in density
-  order. The same ids (those rows' distances are pass 1's evaluation of
-  the same pair); 19-27 % of the rows scanned on ClusTR-S's
+* Pruned (:attr:`KernelConfig.prune_denser`, on where a GPU measured
+  it faster: :data:`MEASURED`): pass 1 also keeps, per accumulator
+  position, the column of its smallest key, so it knows most rows'
+  nearest other token (not where the row and that token share a lane).
+  Where that token is denser it is the nearest denser one (nothing else
+  is nearer), and :func:`_pending_kernel` (one program per window) writes
+  its distance and score; pass 2 then scans only the other rows, gathered
+  in density order. The same ids (those rows' distances are pass 1's
+  evaluation of the same pair); 19-27 % of the rows scanned on ClusTR-S's
   random-weight stage tokens at 224 (docs/backbones.md;
   ``tools/analysis/clustering_speed.py`` measures it on a GPU beside the
   full scan).
@@ -592,7 +592,8 @@ class KernelConfig(NamedTuple):
     ``denser_warps`` of pass 2; ``assign_block``: centers per step of the
     assignment; ``prune_denser``: pass 1 also keeps each token's nearest
     other token, and pass 2 scans only the tokens for which it is not
-    denser (module docstring; off until a GPU measures it)."""
+    denser (module docstring; on where a GPU measured it faster with the
+    same ids: :data:`MEASURED`)."""
     warps: int
     rows_once: bool
     stages: int = 1
@@ -627,16 +628,22 @@ def _arch(device: torch.device) -> int:
 # channels, precision) (``clustering_speed.py --sweep``): ClusTR-S's three
 # clustered stages on an H200 (2026-11-27, Triton 3.6, batch 128 at 224):
 # passes 1 + 2 in 4.98 / 1.49 / 0.39 ms, against 5.67 / 2.72 / 0.48 with
-# kernel_config's rules (docs/benchmarks.md).
+# kernel_config's rules (docs/benchmarks.md). Pass 2 pruned where that was
+# faster with the same ids (``clustering_speed.py``'s pruned rows, H200,
+# 2026-11-28, passes 1 + 2 per call at 64 / 128 channels: tf32x3 5.78 /
+# 1.61 ms against 6.02 / 1.88 in full, ieee 28.47 / 6.71 against 37.18 /
+# 7.99; the ieee layouts are the rules').
 MEASURED: Dict[Tuple[int, int, str], KernelConfig] = {
-    (9, 64, 'tf32x3'): KernelConfig(4, True, 2),
-    (9, 128, 'tf32x3'): KernelConfig(8, True, 3),
+    (9, 64, 'tf32x3'): KernelConfig(4, True, 2, prune_denser=True),
+    (9, 128, 'tf32x3'): KernelConfig(8, True, 3, prune_denser=True),
     (9, 256, 'tf32x3'): KernelConfig(4, False, 2),
+    (9, 64, 'ieee'): KernelConfig(4, True, prune_denser=True),
+    (9, 128, 'ieee'): KernelConfig(8, False, prune_denser=True),
 }
 
 
 def kernel_config(device: torch.device, channels: int, precision: str,
-                  prune: bool = False) -> KernelConfig:
+                  prune: Optional[bool] = None) -> KernelConfig:
     """The kernels' layout on ``device`` for tokens of ``channels``:
     :data:`MEASURED`'s, else by rule, each free of spills in ptxas
     (``tests/test_dpc_knn_fused.py::test_kernels_compile_for_gpus``, Triton
@@ -646,13 +653,14 @@ def kernel_config(device: torch.device, channels: int, precision: str,
     rows loaded per tile, 8 warps for passes 2 and IEEE 1, 32 centers per
     step.
 
-    ``prune``: the same layout with ``prune_denser``, where it lowers the
-    tile loops' instructions (PTX, per window, passes 1 and 2; on
-    ClusTR-S's stage tokens at 224, docs/backbones.md): up to 128 channels,
-    but not on sm_80 with 'tf32x3', where pass 1 has no room for the
-    nearest columns at 4 warps and at 8 costs more than pass 2 saves (over
-    128 channels likewise: 8 warps, and windows too small for pass 2 to
-    matter)."""
+    ``prune``: None, pass 2 pruned as the layout says (on where measured
+    faster); False, never; True, the same layout with ``prune_denser``
+    where it lowers the tile loops' instructions (PTX, per window, passes
+    1 and 2; on ClusTR-S's stage tokens at 224, docs/backbones.md): up to
+    128 channels, but not on sm_80 with 'tf32x3', where pass 1 has no room
+    for the nearest columns at 4 warps and at 8 costs more than pass 2
+    saves (over 128 channels likewise: 8 warps, and windows too small for
+    pass 2 to matter)."""
     arch = _arch(device)
     config = MEASURED.get((arch, channels, precision))
     if config is None and arch < 9:
@@ -662,9 +670,11 @@ def kernel_config(device: torch.device, channels: int, precision: str,
         rows_once = _whole_rows(channels)
         config = KernelConfig(4 if precision == 'tf32x3' or rows_once else 8,
                               rows_once)
+    if prune is None:
+        return config
     if not prune or channels > PRUNE_MAX_CHANNELS or (
             arch < 9 and precision == 'tf32x3'):
-        return config
+        return config._replace(prune_denser=False)
     return config._replace(prune_denser=True)
 
 
