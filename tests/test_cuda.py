@@ -82,15 +82,21 @@ def test_fused_kernels_match_reference(case, precision, prune, ieee_matmul):
 
 # --------------------------------------------------------------------------
 # Mixed precision: forward and backward against fp32.
-# Relative L2 error of each output map and of all gradients together
-# against fp32. Outputs: bf16 as BF16_REL_TOL of test_reliability (measured
-# there on the CPU, ClusTR-T and PaCa-T); fp16 keeps 3 more mantissa bits.
-# Measured on an H200 (2026-11-27, batch 2 at the test's size): outputs at
-# most 0.0086 (bf16) / 0.0022 (fp16); gradients at most 1.53e-3 (bf16:
-# ClusTR-S exact 1.53e-3, window 0.79e-3, PaCa-S 1.22e-3) / 6.5e-4 (fp16:
-# ClusTR-S exact; 4.6e-4 in an earlier session); the bounds are ~3x those.
-AMP_OUT_TOL = {torch.bfloat16: 3e-2, torch.float16: 1e-2}
-AMP_GRAD_TOL = {torch.bfloat16: 5e-3, torch.float16: 2e-3}
+# Relative L2 error of each output map (the largest) and of all gradients
+# together against fp32, batch 2 at the test's size, bounded per model and
+# dtype at ~3x the largest of the H200 measurements (2026-11-26/27, and
+# 2026-11-28 with today's kernels: the values beside each bound). The
+# gradients of ClusTR-S exact move most between runs (its clustering sees
+# other tokens under autocast, and an id that flips moves a whole cluster).
+BF16, FP16 = torch.bfloat16, torch.float16
+AMP_BOUNDS = {  # (outputs, gradients); measured (outputs, gradients)
+    ('clustr-s-exact', BF16): (2.6e-2, 4.6e-3),  # 8.4e-3, 1.53e-3
+    ('clustr-s-exact', FP16): (7.8e-3, 2.3e-3),  # 2.6e-3, 7.5e-4
+    ('clustr-s-window', BF16): (2.3e-2, 2.4e-3),  # 7.6e-3, 7.9e-4
+    ('clustr-s-window', FP16): (2.9e-3, 3.4e-4),  # 9.5e-4, 1.13e-4
+    ('paca-s', BF16): (2.4e-2, 3.7e-3),  # 8.0e-3, 1.22e-3
+    ('paca-s', FP16): (3.0e-3, 4.5e-4),  # 9.9e-4, 1.48e-4
+}
 AMP_MODELS = {
     'clustr-s-exact': dict(type='ClusTR', arch='small'),
     'clustr-s-window': dict(type='ClusTR', arch='small',
@@ -129,18 +135,18 @@ def amp_errors(name, device, dtype, size, batch=2):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize('device', ['cuda'])
-@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16],
-                         ids=['bf16', 'fp16'])
+@pytest.mark.parametrize('dtype', [BF16, FP16], ids=['bf16', 'fp16'])
 @pytest.mark.parametrize('name', sorted(AMP_MODELS))
 def test_amp_forward_backward_near_fp32(name, dtype, device):
-    """Finite, and within AMP_OUT_TOL (outputs) and AMP_GRAD_TOL (all
-    gradients together) of fp32, at 224 (ClusTR's clustering runs the fused
-    op there). ``amp_errors`` also runs on the CPU (``device='cpu'``)."""
+    """Finite, and within AMP_BOUNDS (outputs, all gradients together) of
+    fp32, at 224 (ClusTR's clustering runs the fused op there).
+    ``amp_errors`` also runs on the CPU (``device='cpu'``)."""
     size = 224 if device == 'cuda' else 64
     outs, grad = amp_errors(name, device, dtype, size)
     print(f'[amp] {name} {device} {dtype}: outputs {outs}, grads {grad}')
-    assert max(outs) < AMP_OUT_TOL[dtype], outs
-    assert grad < AMP_GRAD_TOL[dtype], grad
+    out_bound, grad_bound = AMP_BOUNDS[name, dtype]
+    assert max(outs) < out_bound, outs
+    assert grad < grad_bound, grad
 
 
 def worst(got, want, atol):
@@ -174,13 +180,15 @@ def test_with_cp_gradients_on_cuda(name):
     outs, grads = loss_and_grads(plain, x)
     cp_outs, cp_grads = loss_and_grads(cp, x)
     assert set(grads) == set(cp_grads)
-    print(f'[with_cp] {name}: outputs {worst(cp_outs, outs, 1e-5)}, '
-          f'gradients {worst(cp_grads.values(), grads.values(), 1e-5)}')
+    print(f'[with_cp] {name}: outputs {worst(cp_outs, outs, 0)}, '
+          f'gradients {worst(cp_grads.values(), grads.values(), 0)}')
+    # ~3x the largest differences an H200 measured (2026-11-28): outputs
+    # 4.8e-7, gradients 3.7e-8 (ClusTR window; PaCa: 0, it has no atomics)
     for a, b in zip(outs, cp_outs):
-        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(b, a, rtol=0, atol=1.5e-6)
     for n in grads:
-        torch.testing.assert_close(cp_grads[n], grads[n], rtol=1e-3,
-                                   atol=1e-5, msg=n)
+        torch.testing.assert_close(cp_grads[n], grads[n], rtol=0,
+                                   atol=1.2e-7, msg=n)
 
 
 # --------------------------------------------------------------------------
@@ -211,10 +219,12 @@ def test_mmcv_nms_and_roi_align_cuda_equal_cpu():
         out.square().sum().backward()
         outs.append((out.detach().cpu(), f.grad.cpu()))
     print(f'[mmcv] RoIAlign CUDA vs CPU: outputs '
-          f'{worst([outs[1][0]], [outs[0][0]], 1e-5)}, input gradients '
-          f'{worst([outs[1][1]], [outs[0][1]], 1e-4)}')
-    torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(outs[1][1], outs[0][1], rtol=1e-4, atol=1e-4)
+          f'{worst([outs[1][0]], [outs[0][0]], 0)}, input gradients '
+          f'{worst([outs[1][1]], [outs[0][1]], 0)}')
+    # ~3x the largest differences an H200 measured (2026-11-28): outputs
+    # 1.64e-6, input gradients 1.75e-4 (CUDA sums them with atomics)
+    torch.testing.assert_close(outs[1][0], outs[0][0], rtol=0, atol=5e-6)
+    torch.testing.assert_close(outs[1][1], outs[0][1], rtol=0, atol=5.2e-4)
 
 
 # --------------------------------------------------------------------------

@@ -201,6 +201,27 @@ def test_scope_that_does_not_import_is_named(monkeypatch):
         env_check.check_scope('mmpretrain')
 
 
+def test_runner_of_a_scope_that_does_not_import_is_refused(monkeypatch):
+    """The tools that build a runner from a config they read themselves
+    (train_speed.py, nan_check.py) check its task library too: on a GPU
+    image without mmpretrain's ``modelindex``, every ImageNet config of
+    ``train_speed.py --release`` failed on 'UniversalVisualizer is not in
+    the mmengine::visualizer registry', naming no missing package."""
+    import sys
+
+    from mmengine.config import Config
+
+    from clustr_mm.engine.launch import build_runner
+    from clustr_mm.env_check import UnsupportedEnvironmentError
+    monkeypatch.setitem(sys.modules, 'mmpretrain.utils', None)
+    cfg = Config.fromfile(
+        str(ROOT / 'configs/clustr/clustr-t_embedded-imagenet.py'))
+    with pytest.raises(UnsupportedEnvironmentError,
+                       match=r"mmpretrain \S+ is installed but does not "
+                       r"import .*default_scope='mmpretrain'"):
+        build_runner(cfg)
+
+
 def test_registry_whose_modules_do_not_import_is_named(tmp_path,
                                                        monkeypatch):
     """A task library that imports but whose registry's modules raise

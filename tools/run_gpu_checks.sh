@@ -69,6 +69,13 @@ tiny_data() {  # the configs read the datasets' files: the tiny set serves
     [ -d data/imagenet/train ] && [ -d data/ade ] || \
     "$PY" tools/data/make_tiny_data.py --out data > "$OUT/tiny-data.log" 2>&1
 }
+libs() {  # the task libraries import (clustr_mm.env_check), else the
+  # missing package, named once here rather than once per config
+  local MSG
+  MSG=$("$PY" -c 'import sys; from clustr_mm.env_check import check_scope
+for scope in sys.argv[1:]: check_scope(scope)' "$@" 2>&1) && return 0
+  log "skipped (configs of $*): ${MSG##*$'\n'}"; FAILED=1; return 1
+}
 speed() {  # train_speed.py's rows and table, without MMEngine's log lines
   local NAME=$1; shift
   "$PY" tools/analysis/train_speed.py "$@" --out "$OUT/$NAME.jsonl" 2>&1 \
@@ -110,7 +117,7 @@ if want 4; then
   MASK_RCNN=(configs/clustr/mask-rcnn_clustr-s_fpn_1x_coco.py
              configs/paca/mask-rcnn_paca-s_fpn_ms-1x_coco.py
              mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py)
-  for AMP in "" --amp; do
+  libs mmdet && for AMP in "" --amp; do
     speed "train-speed${AMP:+-amp}" "${MASK_RCNN[@]}" $AMP \
       --input-size 1333x800 --batch 2 --iters 6 --warmup 2
   done
@@ -130,9 +137,10 @@ fi
 if want 6; then
   log "6. release schedules: s/iter at the recipes' batch and precision"
   tiny_data
-  speed release-time --release clustr-imagenet paca-imagenet \
-    paca-upernet-160k paca-head-160k --amp --repeat 32 --iters 5 --warmup 2
-  speed release-time-coco --release paca-mask-rcnn-ms-1x \
+  libs mmpretrain mmseg && speed release-time --release clustr-imagenet \
+    paca-imagenet paca-upernet-160k paca-head-160k --amp --repeat 32 \
+    --iters 5 --warmup 2
+  libs mmdet && speed release-time-coco --release paca-mask-rcnn-ms-1x \
     --input-size 853x640 --amp --repeat 32 --iters 5 --warmup 2
 fi
 log "done; tier failures: $FAILED; results in $OUT"

@@ -169,9 +169,18 @@ def finish_distributed() -> None:
 
 
 def build_runner(cfg: Config):
-    """Use the config's custom runner type if it names one (as mmdet does)."""
+    """Use the config's custom runner type if it names one (as mmdet does).
+
+    Checks the config's task library first, as :func:`load_config` does,
+    for the tools that build a runner from a config they read themselves
+    (``train_speed.py``, ``nan_check.py``): MMEngine switches to a scope
+    whose package does not import with a warning only, then fails on a
+    registry KeyError (seen on a GPU image without mmpretrain's
+    ``modelindex``: 'UniversalVisualizer is not in the mmengine::visualizer
+    registry')."""
     from mmengine.registry import RUNNERS
     from mmengine.runner import Runner
+    check_scope(cfg.get('default_scope'))
     try:
         if 'runner_type' in cfg:
             return RUNNERS.build(cfg)
