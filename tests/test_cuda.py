@@ -17,8 +17,8 @@ import json
 import pytest
 import torch
 from conftest import free_port, run_tool
-from fused_cases import (EXACT_224, WINDOW_800, fused_agreement, needs_triton,
-                         windows)
+from fused_cases import (EXACT_224, ID_SLACK_PCT, WINDOW_800,
+                         fused_agreement, needs_triton, windows)
 from mmengine.registry import MODELS
 
 import clustr_mm  # noqa: F401
@@ -45,12 +45,8 @@ FUSED_CASES = {f'exact-224-{k}': (hw, None, sr, c)
                for k, (hw, c, sr) in EXACT_224.items()}
 FUSED_CASES['window-800x1344-s1'] = (WINDOW_800[0], WINDOW_800[1],
                                      WINDOW_800[3], WINDOW_800[2])
-# ids the fused op may change beyond the fp32 reordering floor: sampling
-# noise of a few near-ties, in percentage points of the ids; each case has
-# at least ID_SAMPLE ids (batch 2 of 196 tokens: one near-tie flipped is
-# 0.26 %, and 5 of 392 flipped in 'tf32x3' on an H200, 2026-11-27, all
-# near-ties)
-ID_SLACK_PCT, ID_SAMPLE = 0.05, 12_000
+# each case has at least ID_SAMPLE ids (fused_cases.ID_SLACK_PCT)
+ID_SAMPLE = 12_000
 
 
 @pytest.mark.cuda
@@ -60,10 +56,13 @@ ID_SLACK_PCT, ID_SAMPLE = 0.05, 12_000
 @pytest.mark.parametrize('case', sorted(FUSED_CASES))
 def test_fused_kernels_match_reference(case, precision, prune, ieee_matmul):
     """Values within the derived bound, ids equal except the reference's
-    near-ties (dpc_knn_agreement), and no more ids changed than fp32 itself
-    changes when it sums the channels in another order (the floor
-    ``tools/analysis/precision_check.py`` measures), on at least
-    ID_SAMPLE token ids (batch 2 or more); pass 2 in full and pruned."""
+    near-ties (dpc_knn_agreement), and no further from the clustering in
+    fp64 than an fp32 evaluation of the same formula is (the reference, or
+    it with its sums in another order: ``fused_agreement``), on at least
+    ID_SAMPLE token ids (batch 2 or more); pass 2 in full and pruned.
+    (Against the fp32 reference alone, 2026-11-28 on an H200, 196 x 256
+    tokens: 14 ids changed in 'ieee' and 9 in 'tf32x3', all at near-ties,
+    where the reordered references changed none.)"""
     from clustr_mm.ops.dpc_knn import fused
     hw, ws, sr, c = FUSED_CASES[case]
     if prune and not fused.kernel_config(torch.device('cuda'), c, precision,
@@ -76,8 +75,8 @@ def test_fused_kernels_match_reference(case, precision, prune, ieee_matmul):
     print(f'[agreement] {case}-{precision}-{"pruned" if prune else "full"}: '
           f'{json.dumps(report)}')
     assert report['agree'], report
-    assert report['fused_pct'] <= report['reordered_pct'] + ID_SLACK_PCT, \
-        report
+    assert (report['fused_exact_pct']
+            <= report['fp32_exact_pct'] + ID_SLACK_PCT), report
 
 
 # --------------------------------------------------------------------------

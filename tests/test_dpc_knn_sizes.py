@@ -23,8 +23,8 @@ import torch
 
 from clustr_mm.registry import switch
 
-from fused_cases import (EXACT_224, WINDOW_800, fused_agreement, interpreted,
-                         needs_triton, windows)
+from fused_cases import (EXACT_224, ID_SLACK_PCT, WINDOW_800,
+                         fused_agreement, interpreted, needs_triton, windows)
 
 BIG = pytest.mark.skipif(
     not switch('CLUSTR_MM_INTERPRET_BIG', False),
@@ -56,6 +56,8 @@ def check(report):
     # 0.0011-0.0039, the GPU tier's at most 0.0044; 2026-11-27): ~3x that
     assert max(report['knn'], report['rho'], report['delta2']) < 0.035, report
     assert report['center_mismatches'] == 0 and report['unexplained_ids'] == 0
+    assert (report['fused_exact_pct']
+            <= report['fp32_exact_pct'] + ID_SLACK_PCT), report
 
 
 @needs_triton
