@@ -16,7 +16,9 @@
 #     clustering and MLP; bench-224-ieee: ClusTR-S in 'ieee';
 #  4. train-speed{,-amp}.{log,jsonl}: Mask R-CNN 1x s/iter, ClusTR-S, PaCa-S
 #     and Swin-T, fp32 and AMP;
-#  5. tier.log: the rest of the GPU tier; bench-800-*, nan-fp16.log;
+#  5. tier.log: the rest of the GPU tier; bench-800.{log,json} (with the
+#     kernel profile and stage ranges at the detectors' input size: where
+#     Mask R-CNN's extra time goes); nan-fp16.log;
 #  6. release-time{,-coco}.{log,jsonl}: s/iter of every config that
 #     reproduces a release, at its recipe's batch per GPU with --amp, and the
 #     hours its official schedule takes on the recipe's 8 GPUs
@@ -128,8 +130,9 @@ if want 5; then
     --continue-on-collection-errors 2>&1 | tee "$OUT/tier.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || FAILED=1
   "$PY" tools/analysis/benchmark.py --device cuda --amp bf16 --batch 2 \
-    --sizes 800x1344 --train-step --models clustr-s-window paca-s pvtv2-b2 \
-    swin-t --out "$OUT/bench-800.json" 2>&1 | tee "$OUT/bench-800.log"
+    --sizes 800x1344 --train-step --profile --models clustr-s-window paca-s \
+    pvtv2-b2 swin-t --out "$OUT/bench-800.json" 2>&1 \
+    | tee "$OUT/bench-800.log"
   "$PY" tools/analysis/nan_check.py \
     configs/clustr/clustr-t_embedded-imagenet.py --amp fp16 --iters 200 \
     --work-dir "$OUT/nan-fp16" 2>&1 | tee "$OUT/nan-fp16.log"
