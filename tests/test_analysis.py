@@ -912,6 +912,30 @@ def test_traffic_census_counts_bytes_flops_and_bound():
     assert traffic.time_bound(0, 165e12, False, True) == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize('groups,transposed', [(1, False), (32, False),
+                                               (32, True), (4, True)])
+def test_traffic_census_counts_convolution_gradients_as_the_forward(
+        groups, transposed):
+    """Each gradient of a convolution (input, weight) costs its forward's
+    FLOPs, grouped or not, transposed or not; torch.utils.flop_counter
+    counted a depthwise weight gradient ``groups`` times over (ClusTR-S's
+    800x1344 training step: 10.5 TFLOP, mostly that)."""
+    from clustr_mm.analysis import traffic
+    conv = (nn.ConvTranspose2d if transposed else nn.Conv2d)(
+        32, 64, 3, stride=2, padding=1, groups=groups)
+    x = torch.randn(2, 32, 12, 10, requires_grad=True)
+
+    def fn():
+        conv(x).square().sum().backward()
+
+    ops = {o['op']: o['flops']
+           for o in traffic.traffic_census(fn)['top_ops']}
+    forward = ops['convolution']
+    side = x if transposed else conv(x)  # the smaller side
+    assert forward == 2 * side.numel() * conv.weight[0].numel()
+    assert ops['convolution_backward'] == 2 * forward
+
+
 def test_traffic_census_sees_the_fused_clustering_as_one_op():
     if not hasattr(torch.library, 'custom_op'):
         pytest.skip('torch.library.custom_op is torch >= 2.4')

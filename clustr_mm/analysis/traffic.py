@@ -9,7 +9,8 @@ device, the CPU included. Per op:
 - bytes read: every tensor argument's elements (a broadcast, stride-0
   dimension once) at its element size; bytes written: every output's;
 - FLOPs: ``torch.utils.flop_counter``'s formula for the op (2 per
-  multiply-add), 0 where it has none (element-wise ops, reductions);
+  multiply-add), 0 where it has none (element-wise ops, reductions); our
+  own for ``convolution_backward`` (:func:`_conv_backward_flops`);
 - a time bound, ``max(bytes / BANDWIDTH, FLOPs / peak, LAUNCH_S)``, with the
   dense peak for ops with bf16/fp16 inputs, the 3xTF32 peak for the fused
   clustering op in its 'tf32x3' precision, and the fp32 peak otherwise.
@@ -25,6 +26,7 @@ of views and casts computed from weights alone, such as autocast's weight
 casts), and the whole of ops on weights alone, are kept; all other bytes and
 FLOPs are multiplied by ``scale``; the op count is not scaled.
 """
+import math
 from collections import defaultdict
 from typing import Callable, Dict, Iterable
 
@@ -52,9 +54,28 @@ def _nbytes(t: torch.Tensor) -> int:
     return n * t.element_size() if t.numel() else 0
 
 
+def _conv_backward_flops(grad_output, input, weight, bias_sizes, stride,
+                         padding, dilation, transposed, output_padding,
+                         groups, output_mask) -> int:
+    """FLOPs of ``aten.convolution_backward``: each gradient it computes
+    (``output_mask``: input, weight; the bias's is a sum) costs what the
+    forward convolution does. ``torch.utils.flop_counter`` (2.0-2.14)
+    counts the weight gradient of a grouped convolution as if every group
+    saw every input channel, ``groups`` times too many: 512x for the
+    depthwise 3x3 of ClusTR's and PVTv2's MLPs (the whole 800x1344
+    training step of ClusTR-S came to 10.6 TFLOP instead of ~2)."""
+    # the forward: every element of its smaller side (the output, or the
+    # input when transposed) times one filter slice, weight.shape[1:]
+    side = input if transposed else grad_output
+    forward = 2 * side.numel() * math.prod(weight.shape[1:])
+    return forward * sum(1 for m in output_mask[:2] if m)
+
+
 def _flops(func, args, kwargs, out) -> int:
     from torch.utils.flop_counter import flop_registry
     packet = func.overloadpacket
+    if packet is torch.ops.aten.convolution_backward:
+        return _conv_backward_flops(*args, **kwargs)
     if packet is getattr(torch.ops.aten,
                          '_scaled_dot_product_flash_attention_for_cpu', None):
         # the CPU's flash attention: the CUDA one's formula (q, k, v first)
