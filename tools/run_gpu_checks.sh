@@ -4,8 +4,8 @@
 #   bash tools/run_gpu_checks.sh [OUT_DIR]    # default gpu_checks/<date>
 #  1. clustering.{log,json}: tools/analysis/clustering_speed.py (ClusTR-S's
 #     clustering op and its parts on real stage tokens, both precisions,
-#     pass 2 pruned beside the full scan (its "pruned" rows: if faster with
-#     the same ids, fused.kernel_config should prune by default), against
+#     pass 2 pruned beside the full scan (its "pruned" rows: where faster
+#     with the same ids, fused.MEASURED prunes by default), against
 #     the reference, the official formulation and, with
 #     CLUSTR_MM_BASELINE=path/to/old/fused.py, an earlier op);
 #  2. tier-fused.log: the fused kernels (full and pruned) against the
