@@ -11,6 +11,7 @@ from PIL import Image
 from torch import nn
 
 import clustr_mm  # noqa: F401
+from clustr_mm.env_check import installed_version
 from clustr_mm.models.layers import ClusterAttention, PaCaAttention
 from clustr_mm.analysis.flops import analyze_flops, dpc_knn_macs
 
@@ -432,6 +433,8 @@ def test_benchmark_census(tmp_path):
         assert type(r['host_syncs']) is int and r['host_syncs'] >= 0
         assert sum(r['by_op'].values()) == r['ops']
         assert r['batch'] == 2 and r['torch'] == torch.__version__
+        assert r['driver'] is None and r['cuda'] == torch.version.cuda
+        assert r['triton'] == installed_version('triton')
         assert 'latency_s' not in r  # a census is not timed
         line = next(x for x in lines if x.startswith(r['model']))
         top = max(r['by_op'], key=r['by_op'].get)
@@ -647,6 +650,27 @@ def test_profile_lists_each_kernel_once_on_a_gpu():
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason='a GPU is present')
+def test_rows_name_the_gpu_driver(monkeypatch):
+    """A GPU row carries the driver nvidia-smi reports; where nvidia-smi is
+    missing or fails, None rather than a guess; no query off a GPU."""
+    import subprocess
+    common = load_tool('benchmark_common')
+    asked = []
+
+    def smi(cmd, **kwargs):
+        asked.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, stdout='580.159.04\n')
+    monkeypatch.setattr(subprocess, 'run', smi)
+    assert common.software('cuda')['driver'] == '580.159.04'
+    assert asked[0][0] == 'nvidia-smi'
+    assert common.software('cpu')['driver'] is None and len(asked) == 1
+
+    def missing(cmd, **kwargs):
+        raise FileNotFoundError(cmd[0])
+    monkeypatch.setattr(subprocess, 'run', missing)
+    assert common.software('cuda')['driver'] is None
+
+
 def test_benchmark_cuda_without_gpu_fails_clearly():
     proc = run_tool([BENCHMARK, '--device', 'cuda', '--models', 'paca-t',
                      '--sizes', '64'], timeout=120, check=False)
@@ -692,6 +716,7 @@ def test_train_speed_times_the_asked_input_size(tiny_data, tmp_path):
     assert min(result['s_per_iter_all']) <= result['s_per_iter'] <= max(
         result['s_per_iter_all'])
     assert result['peak_mem_mb'] > 0
+    assert result['driver'] is None and result['cuda'] == torch.version.cuda
 
 
 def test_train_speed_fixes_the_size_of_a_multi_scale_crop_pipeline():

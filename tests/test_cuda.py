@@ -312,6 +312,7 @@ def test_benchmark_on_a_gpu(tmp_path):
     for r in rows:
         assert 'error' not in r, r
         assert r['device'] == 'cuda' and r['infer_img_s'] > 0, r
+        assert r['driver'] and r['triton'], r  # the row's provenance
         assert r['train_img_s'] > 0 and r['peak_train_mem_mb'] > 0, r
         names = [e['name'] for e in r['profile']['top']]
         assert not any(n.startswith('aten::') for n in names), names

@@ -13,8 +13,8 @@ The tools, one per job (each one's docstring says how to run it):
 
 Each (model, size) is measured in a fresh child process (the tool run again
 with ``--worker MODEL SIZE``): no measurement is polluted by an earlier one.
-Every ``--out`` row carries the run's facts (device, torch, batch, amp,
-command, ...) beside its own. Peers come from the installed mmdet.
+Every ``--out`` row carries the run's facts (device, driver, torch, CUDA,
+Triton, batch, amp, command, ...) beside its own. Peers come from the installed mmdet.
 """
 import argparse
 import contextlib
@@ -324,6 +324,24 @@ def cpu_name():
     return f'{names[0] if names else "CPU"}, {os.cpu_count()} cores'
 
 
+def software(device):
+    """What a GPU figure depends on beside torch, for its row: the NVIDIA
+    driver (``nvidia-smi``; None off a GPU or where it cannot say), the
+    CUDA torch was built for and Triton's version (None where absent)."""
+    from clustr_mm.env_check import installed_version
+    driver = None
+    if device == 'cuda':
+        try:
+            driver = subprocess.run(
+                ['nvidia-smi', '--query-gpu=driver_version',
+                 '--format=csv,noheader'], capture_output=True, text=True,
+                timeout=60, check=True).stdout.split()[0]
+        except (OSError, subprocess.SubprocessError, IndexError):
+            pass
+    return dict(driver=driver, cuda=torch.version.cuda,
+                triton=installed_version('triton'))
+
+
 def run_info(args, argv, runtime='eager', calls=None):
     """What the numbers were measured on and with; heads output and JSON.
     ``calls``: (warm-up, runs) where the tool does not time ``--runs``."""
@@ -331,7 +349,8 @@ def run_info(args, argv, runtime='eager', calls=None):
     return dict(device=args.device, device_name=(
                     torch.cuda.get_device_name() if args.device == 'cuda'
                     else cpu_name()),
-                torch=torch.__version__, amp=args.amp,
+                torch=torch.__version__, **software(args.device),
+                amp=args.amp,
                 compile=getattr(args, 'compile', 'none'),
                 precision=args.precision, runtime=runtime, warmup=warmup,
                 runs=runs, command=shlex.join(['python', *argv]))

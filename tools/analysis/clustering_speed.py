@@ -363,6 +363,7 @@ def main(argv=None):
     if not torch.cuda.is_available():
         parser.error('this tool times CUDA kernels: torch.cuda.is_available()'
                      ' is False')
+    from benchmark_common import software
     from clustr_mm.models.backbones.clustr import ClusTR
     from clustr_mm.ops.dpc_knn import fused
     torch.manual_seed(0)
@@ -374,7 +375,7 @@ def main(argv=None):
         sweep=swept, layouts={str(key): value._asdict() for key, value in
                               fused.MEASURED.items()},
         device=torch.cuda.get_device_name(), torch=torch.__version__,
-        triton=fused.triton.__version__, arch=args.arch, batch=args.batch,
+        **software('cuda'), arch=args.arch, batch=args.batch,
         size=args.size, runs=args.runs, warmup=WARMUP, amp='bf16',
         command=shlex.join(['python', *sys.argv]),
         stages=stage_rows(calls, args),
