@@ -648,8 +648,6 @@ def test_profile_lists_each_kernel_once_on_a_gpu():
         'stage1': dict(ms=0.9, calls=1)}
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(torch.cuda.is_available(), reason='a GPU is present')
 def test_rows_name_the_gpu_driver(monkeypatch):
     """A GPU row carries the driver nvidia-smi reports; where nvidia-smi is
     missing or fails, None rather than a guess; no query off a GPU."""
@@ -671,6 +669,8 @@ def test_rows_name_the_gpu_driver(monkeypatch):
     assert common.software('cuda')['driver'] is None
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason='a GPU is present')
 def test_benchmark_cuda_without_gpu_fails_clearly():
     proc = run_tool([BENCHMARK, '--device', 'cuda', '--models', 'paca-t',
                      '--sizes', '64'], timeout=120, check=False)
