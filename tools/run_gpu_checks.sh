@@ -18,7 +18,9 @@
 #     and Swin-T, fp32 and AMP;
 #  5. tier.log: the rest of the GPU tier; bench-800.{log,json} (with the
 #     kernel profile and stage ranges at the detectors' input size: where
-#     Mask R-CNN's extra time goes); nan-fp16.log;
+#     Mask R-CNN's extra time goes); nan-fp16.log; bench-800-graphs: the
+#     same size under CUDA graphs (--compile reduce-overhead: ClusTR-S at
+#     batch 2 waited 20 of 50 ms a forward on kernel launches, 2026-11-28);
 #  6. release-time{,-coco}.{log,jsonl}: s/iter of every config that
 #     reproduces a release, at its recipe's batch per GPU with --amp, and the
 #     hours its official schedule takes on the recipe's 8 GPUs
@@ -136,6 +138,10 @@ if want 5; then
   "$PY" tools/analysis/nan_check.py \
     configs/clustr/clustr-t_embedded-imagenet.py --amp fp16 --iters 200 \
     --work-dir "$OUT/nan-fp16" 2>&1 | tee "$OUT/nan-fp16.log"
+  "$PY" tools/analysis/benchmark.py --device cuda --amp bf16 --batch 2 \
+    --sizes 800x1344 --train-step --compile reduce-overhead --models \
+    clustr-s-window swin-t --out "$OUT/bench-800-graphs.json" 2>&1 \
+    | tee "$OUT/bench-800-graphs.log"
 fi
 if want 6; then
   log "6. release schedules: s/iter at the recipes' batch and precision"
