@@ -652,21 +652,21 @@ def test_rows_name_the_gpu_driver(monkeypatch):
     """A GPU row carries the driver nvidia-smi reports; where nvidia-smi is
     missing or fails, None rather than a guess; no query off a GPU."""
     import subprocess
-    common = load_tool('benchmark_common')
+    provenance = load_tool('provenance')
     asked = []
 
     def smi(cmd, **kwargs):
         asked.append(cmd)
         return subprocess.CompletedProcess(cmd, 0, stdout='580.159.04\n')
     monkeypatch.setattr(subprocess, 'run', smi)
-    assert common.software('cuda')['driver'] == '580.159.04'
+    assert provenance.software('cuda')['driver'] == '580.159.04'
     assert asked[0][0] == 'nvidia-smi'
-    assert common.software('cpu')['driver'] is None and len(asked) == 1
+    assert provenance.software('cpu')['driver'] is None and len(asked) == 1
 
     def missing(cmd, **kwargs):
         raise FileNotFoundError(cmd[0])
     monkeypatch.setattr(subprocess, 'run', missing)
-    assert common.software('cuda')['driver'] is None
+    assert provenance.software('cuda')['driver'] is None
 
 
 @pytest.mark.slow

@@ -14,7 +14,8 @@ The tools, one per job (each one's docstring says how to run it):
 Each (model, size) is measured in a fresh child process (the tool run again
 with ``--worker MODEL SIZE``): no measurement is polluted by an earlier one.
 Every ``--out`` row carries the run's facts (device, driver, torch, CUDA,
-Triton, batch, amp, command, ...) beside its own. Peers come from the installed mmdet.
+Triton: ``provenance.py``; batch, amp, command, ...) beside its own. Peers
+come from the installed mmdet.
 """
 import argparse
 import contextlib
@@ -32,8 +33,10 @@ import time
 import torch
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))  # provenance.py
 
 from clustr_mm.engine.cli_args import positive_int  # noqa: E402
+from provenance import cpu_name, software  # noqa: E402
 
 MODELS = {
     'clustr-t-exact': dict(type='ClusTR', arch='tiny', clustering_mode='exact'),
@@ -315,31 +318,6 @@ def run_child(tool, name, size, args):
     err = (proc.stderr or proc.stdout).strip().splitlines()
     return dict(model=name, size=size_text, precision=None,
                 error=err[-1] if err else f'exit {proc.returncode}')
-
-
-def cpu_name():
-    with open('/proc/cpuinfo') as f:
-        names = [ln.split(':', 1)[1].strip() for ln in f
-                 if ln.startswith('model name')]
-    return f'{names[0] if names else "CPU"}, {os.cpu_count()} cores'
-
-
-def software(device):
-    """What a GPU figure depends on beside torch, for its row: the NVIDIA
-    driver (``nvidia-smi``; None off a GPU or where it cannot say), the
-    CUDA torch was built for and Triton's version (None where absent)."""
-    from clustr_mm.env_check import installed_version
-    driver = None
-    if device == 'cuda':
-        try:
-            driver = subprocess.run(
-                ['nvidia-smi', '--query-gpu=driver_version',
-                 '--format=csv,noheader'], capture_output=True, text=True,
-                timeout=60, check=True).stdout.split()[0]
-        except (OSError, subprocess.SubprocessError, IndexError):
-            pass
-    return dict(driver=driver, cuda=torch.version.cuda,
-                triton=installed_version('triton'))
 
 
 def run_info(args, argv, runtime='eager', calls=None):

@@ -363,7 +363,7 @@ def main(argv=None):
     if not torch.cuda.is_available():
         parser.error('this tool times CUDA kernels: torch.cuda.is_available()'
                      ' is False')
-    from benchmark_common import software
+    from provenance import software
     from clustr_mm.models.backbones.clustr import ClusTR
     from clustr_mm.ops.dpc_knn import fused
     torch.manual_seed(0)

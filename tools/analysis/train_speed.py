@@ -79,7 +79,7 @@ from clustr_mm.engine.cli_args import (  # noqa: E402
     new_file, non_negative_int, positive_int)
 from clustr_mm.engine.amp import AMP_WRAPPERS, use_amp  # noqa: E402
 from clustr_mm.engine.short_run import run_short  # noqa: E402
-from benchmark_common import software  # noqa: E402
+from provenance import software  # noqa: E402
 
 RECIPES = osp.join(ROOT, 'configs', 'official_recipes.yml')
 
@@ -289,7 +289,8 @@ def measure(config: str, cfg: Config, args) -> dict:
                                if timer.cuda else 'cpu'),
         torch=torch.__version__,
         **software('cuda' if timer.cuda else 'cpu'),
-        threads=torch.get_num_threads(), amp=amp, batch=loader.batch_size, image_shape=timer.image_shape,
+        threads=torch.get_num_threads(), amp=amp, batch=loader.batch_size,
+        image_shape=timer.image_shape,
         warmup=args.warmup, iters=len(timed),
         s_per_iter=statistics.median(timed),
         s_per_iter_all=[round(t, 4) for t in timed],
