@@ -649,8 +649,9 @@ def test_profile_lists_each_kernel_once_on_a_gpu():
 
 
 def test_rows_name_the_gpu_driver(monkeypatch):
-    """A GPU row carries the driver nvidia-smi reports; where nvidia-smi is
-    missing or fails, None rather than a guess; no query off a GPU."""
+    """A GPU row carries the driver nvidia-smi reports, asked once a
+    process; where nvidia-smi is missing or fails, None rather than a guess;
+    no query off a GPU."""
     import subprocess
     provenance = load_tool('provenance')
     asked = []
@@ -662,10 +663,13 @@ def test_rows_name_the_gpu_driver(monkeypatch):
     assert provenance.software('cuda')['driver'] == '580.159.04'
     assert asked[0][0] == 'nvidia-smi'
     assert provenance.software('cpu')['driver'] is None and len(asked) == 1
+    provenance.software('cuda')  # asked once a process
+    assert len(asked) == 1
 
     def missing(cmd, **kwargs):
         raise FileNotFoundError(cmd[0])
     monkeypatch.setattr(subprocess, 'run', missing)
+    provenance.driver_version.cache_clear()
     assert provenance.software('cuda')['driver'] is None
 
 
