@@ -44,6 +44,46 @@ def attention_reference(q, k, v, heads):
 
 
 # --------------------------------------------------------------------------
+# Biases a softmax cancels: each adds the same amount to every logit that one
+# softmax normalises together, so nothing the module returns depends on them
+# and their gradient is 0 in every block, whatever the stage's size (rounding
+# leaves ~1e-16 or, as in ClusTR's stages.0 with CentroidAttention(knn=8)
+# below, exactly 0).
+def softmax_cancelled_biases(model):
+    """Names of the biases of ``model`` that provably get no gradient."""
+    names = []
+    for prefix, m in model.named_modules():
+        pre = f'{prefix}.' if prefix else ''
+        if isinstance(m, CentroidAttention) and m.q.bias is not None:
+            # logit_ij = (W_q u_j + b_q).k_i + ... : 'centroids' normalises
+            # over the centroids j of token i (all, or those whose kNN set
+            # holds i), where b_q.k_i is one constant, so b_q cancels;
+            # 'inputs' normalises over the tokens i of centroid j, where
+            # q_j.b_k is one constant, so b_k cancels. Neither enters the
+            # kNN search (initial centroids) nor anything but the softmax.
+            names.append(pre + ('q' if m.normalize == 'centroids' else 'k') +
+                         '.bias')
+        elif isinstance(m, SummaryAttention) and not m.fused:
+            # softmax over the keys of each scale: q_i.b_k is one constant
+            # per query (a fused kv's bias also holds v's: it is live)
+            names += [f'{pre}{k}.bias' for k in m._k_names
+                      if getattr(m, k).bias is not None]
+        elif isinstance(m, SoftCluster) and hasattr(m, 'fc2'):
+            # 'mlp' net: fc2's bias b_m adds to every token's logit of
+            # cluster m, and the assignment normalises over the tokens
+            names.append(pre + 'fc2.bias')
+    return names
+
+
+def assert_every_parameter_learns(model, exempt=()):
+    """A non-zero gradient on every parameter but the cancelled biases."""
+    dead = set(softmax_cancelled_biases(model)) | set(exempt)
+    for name, p in model.named_parameters():
+        if name not in dead:
+            assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+# --------------------------------------------------------------------------
 # Each reducer: registered, shapes, assignments, gradients.
 REDUCERS = {
     'dpcknn-exact': dict(type='DPCKNN', sr_ratio=2),
@@ -93,8 +133,7 @@ def test_reducer_shapes_assignments_and_gradients(name):
     assert x.grad is not None and x.grad.abs().sum() > 0
     if reducer.uses_token_weights:
         assert weights.grad.abs().sum() > 0
-    for pname, p in reducer.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, pname
+    assert_every_parameter_learns(reducer)
 
 
 def test_dpcknn_reducer_is_the_clustr_clustering():
@@ -215,6 +254,45 @@ def test_centroid_knn_restriction(normalize):
     torch.testing.assert_close(tokens[0], expected)
     unpicked = ~mask.any(1)
     assert torch.equal(ids[0] == -1, unpicked)
+
+
+@pytest.mark.parametrize('module', [
+    'centroid', 'centroid-knn', 'centroid-knn-inputs', 'soft-mlp', 'paca',
+    'clustr-compact'
+])
+def test_softmax_cancelled_biases_change_nothing(module):
+    """The biases the gradient tests exempt: any value gives the same
+    output, while the other parameters of their layer do not."""
+    torch.manual_seed(12)
+    x = torch.randn(2, 63, DIM)
+    if module.startswith(('centroid', 'soft')):
+        m = build_reducer(REDUCERS.get(module, dict(
+            type='CentroidAttention', sr_ratio=2, iters=2)), dim=DIM)
+        run = lambda: m(x, HW).tokens[0]  # noqa: E731
+    else:
+        m = (PaCaAttention(DIM, 2, 5, 'conv') if module == 'paca' else
+             ClusterAttention(DIM, 2, 2, compact_qv=True))
+        run = lambda: m(x, HW)[0]  # noqa: E731
+    names = softmax_cancelled_biases(m)
+    expected = {
+        'centroid': ['q.bias'],
+        'centroid-knn': ['q.bias'],
+        'centroid-knn-inputs': ['k.bias'],
+        'soft-mlp': ['fc2.bias'],
+        'paca': ['k.bias'],
+        'clustr-compact': ['k1.bias', 'k2.bias'],
+    }[module]
+    assert names == expected
+    params = dict(m.named_parameters())
+    with torch.no_grad():
+        before = run()
+        for name in names:
+            params[name].add_(5 * torch.randn_like(params[name]))
+        torch.testing.assert_close(run(), before, rtol=1e-4, atol=1e-4)
+        for name in names:  # the weight beside each bias is live
+            weight = params[name[:-4] + 'weight']
+            weight.add_(torch.randn_like(weight))
+        assert not torch.allclose(run(), before, rtol=1e-3, atol=1e-3)
 
 
 # --------------------------------------------------------------------------
@@ -363,12 +441,11 @@ def test_every_reducer_in_both_backbones(reducer):
             (2, d, h, w) for d, (h, w) in zip(dims, [(10, 14), (5, 7),
                                                      (3, 4), (2, 2)])]
         sum(o.square().mean() for o in outs).backward()
-        for name, p in model.named_parameters():
-            if name.endswith('weight_layer.bias'):
-                # a common factor of a cluster's weights cancels in its
-                # weighted mean: this bias only acts through the 1e-6
-                continue
-            assert p.grad is not None and p.grad.abs().sum() > 0, name
+        # a common factor of a cluster's weights cancels in its weighted
+        # mean: weight_layer.bias only acts through the 1e-6
+        assert_every_parameter_learns(
+            model, [n for n, _ in model.named_parameters()
+                    if n.endswith('weight_layer.bias')])
     owners = [[b.attn.clustering is not None for b in s.blocks]
               for s in paca.stages]
     if MODELS.get(reducer['type']).shareable:

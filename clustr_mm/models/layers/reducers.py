@@ -282,7 +282,11 @@ class CentroidAttention(TokenReducer):
         knn (int, optional): Neighbours per centroid; None attends to all.
         normalize (str): 'centroids' (paper) or 'inputs'. Default
             'centroids'.
-        qkv_bias (bool): Bias of q, k, v. Default True.
+        qkv_bias (bool): Bias of q, k, v. Default True. One of them
+            cancels in the softmax, as k's does in standard attention, and
+            never gets a gradient: with 'centroids' q's (b.k(x_i) is the
+            same for every centroid of token i), with 'inputs' k's
+            (q(u_j).b is the same for every token of centroid j).
     """
     inits = ('pool', 'conv')
     normalizations = ('centroids', 'inputs')
