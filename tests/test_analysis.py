@@ -443,6 +443,73 @@ def test_benchmark_census(tmp_path):
 
 
 @pytest.mark.slow
+def test_host_time_runs_the_census_op_sequence_on_meta(tmp_path):
+    """host_time.py times each model's forward on ``meta`` and reports the
+    ops of that forward: they must be the CPU census's (the same code
+    path, the fused clustering op once a call), every host time positive,
+    and the ratios taken against pvtv2-b2 of the same run."""
+    from clustr_mm.analysis.op_census import op_census
+    common = load_tool('benchmark_common')
+    torch.manual_seed(0)
+    model = common.build('clustr-t-window')
+    common.cuda_path(model)
+    x = torch.randn(2, 3, 64, 64)
+    census = op_census(lambda: model(x), warmup=1)
+    out = tmp_path / 'host.json'
+    proc = run_tool(['tools/analysis/host_time.py', '--models',
+                     'clustr-t-window', 'pvtv2-b2', '--sizes', '64',
+                     '--runs', '3', '--warmup', '1', '--threads', '1',
+                     '--out', str(out)], timeout=300)
+    lines = proc.stdout.splitlines()
+    assert lines[2].split()[:4] == ['model', 'size', 'host_ms', 'ops']
+    assert '  host time relative to pvtv2-b2 at 64x64:' in lines
+    rows = {r['model']: r for r in json.loads(out.read_text())}
+    clustr, pvt = rows['clustr-t-window'], rows['pvtv2-b2']
+    assert clustr['ops'] == census['ops']
+    assert clustr['by_op'] == census['by_op']
+    assert clustr['host_syncs'] == census['host_syncs']
+    for r in rows.values():
+        assert r['runtime'] == 'meta' and r['meta_kernels'] == 'c++'
+        assert len(r['host_runs_ms']) == 3 and min(r['host_runs_ms']) > 0
+        assert r['host_ms'] == pytest.approx(
+            sorted(r['host_runs_ms'])[1])  # the median of 3
+        assert 0 <= r['python_meta_ops'] < r['ops']
+    assert pvt['host_vs_pvtv2_b2'] == 1
+    assert clustr['host_vs_pvtv2_b2'] == pytest.approx(
+        clustr['host_ms'] / pvt['host_ms'])
+
+
+def test_host_time_meta_forward_is_host_work_only():
+    """On ``meta`` a forward's cost does not grow with the input (no
+    arithmetic), and a forward with twice the Python work and ops takes
+    longer: what the tool's figure stands for."""
+    tool = load_tool('host_time')
+    block = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.LayerNorm(8))
+    one, two = block.to('meta'), nn.Sequential(*block, *block).to('meta')
+    small = torch.empty(1, 16, 8, device='meta')
+    large = torch.empty(64, 4096, 8, device='meta')
+
+    def best(model, x):
+        import time
+        times = []
+        for _ in range(30):
+            start = time.perf_counter()
+            model(x)
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    with torch.no_grad():
+        assert best(one, large) < 5 * best(one, small) + 1e-4
+        assert best(two, small) > 1.2 * best(one, small)
+    table = tool.HostTable(tool.parse_args([]))
+    rows = [dict(model='clustr-s-window', size='800x1344', host_ms=60.0),
+            dict(model='swin-t', size='800x1344', error='boom'),
+            dict(model='pvtv2-b2', size='800x1344', host_ms=40.0)]
+    assert table.ratios(rows)[1].split() == ['clustr-s-window', '1.50x']
+    assert table.ratios(rows[:2]) == []
+
+
+@pytest.mark.slow
 def test_benchmark_train_step_bf16_cpu(tmp_path):
     out = tmp_path / 'bench.json'
     proc = run_tool([BENCHMARK, '--device', 'cpu', '--amp', 'bf16',

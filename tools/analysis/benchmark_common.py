@@ -6,6 +6,8 @@ The tools, one per job (each one's docstring says how to run it):
 - ``benchmark.py``: CPU latency and GPU throughput (inference and training
   step), peak memory, FLOPs, a time breakdown, a profile, ``torch.compile``;
 - ``op_census.py``: aten ops and host syncs of one eval forward;
+- ``host_time.py``: the host's Python and dispatch time of one forward
+  (on ``meta``: no arithmetic), the share a GPU waits on at small batches;
 - ``traffic_census.py``: bytes, FLOPs and a roofline time bound per op;
 - ``onnxruntime_speed.py``: the exported backbone in ONNX Runtime against
   eager PyTorch;
