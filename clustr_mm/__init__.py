@@ -21,8 +21,11 @@ if change_wanted('scope_check'):
 from . import engine, models  # noqa: E402,F401  (registers hooks, models)
 from .checkpoints import install_checkpoint_loaders  # noqa: E402
 from .engine.atomic_io import use_atomic_local_writes  # noqa: E402
+from .engine.compile import keep_optimizer_steps_eager  # noqa: E402
 
 if change_wanted('checkpoint_loaders'):
     install_checkpoint_loaders()
 if change_wanted('atomic_writes'):
     use_atomic_local_writes()
+if change_wanted('eager_optimizer_step'):
+    keep_optimizer_steps_eager()  # MMEngine's `compile` option

@@ -23,7 +23,7 @@ def register_model(cls):
 # The changes ``import clustr_mm`` makes to MMEngine and torch beyond adding
 # its own registry entries (README: "What importing clustr_mm changes").
 PROCESS_WIDE_CHANGES = ('checkpoint_loaders', 'atomic_writes', 'scope_check',
-                        'lazy_heads')
+                        'lazy_heads', 'eager_optimizer_step')
 SKIP_VARIABLE = 'CLUSTR_MM_SKIP'
 
 
@@ -57,7 +57,9 @@ SKIP_EFFECTS = dict(
     'their library\'s scope (import clustr_mm.models.heads.paca_seg_head '
     'in the config\'s custom_imports, or unset it)',
     atomic_writes='atomic checkpoint writes', scope_check='the check of '
-    'mmcv\'s compiled ops for mmdet/mmseg/mmpose configs')
+    'mmcv\'s compiled ops for mmdet/mmseg/mmpose configs',
+    eager_optimizer_step='the eager optimizer step of runs with MMEngine\'s '
+    '`compile` option (clustr_mm/engine/compile.py)')
 
 
 ON_VALUES = ('1', 'on', 'true', 'yes')

@@ -16,6 +16,7 @@ PROBE = r'''
 import json, sys, torch
 from mmengine.fileio import io as mm_io
 from mmengine.registry import Registry
+from mmengine.runner import Runner
 from mmengine.runner.checkpoint import CheckpointLoader
 ser = torch.serialization
 
@@ -35,7 +36,9 @@ def state():
                             if hasattr(ser, 'get_safe_globals') else None],
         atomic_writes=mm_io.backends['local'].__name__,
         scope_check='_clustr_mm_checked' in wrappers(),
-        lazy_heads='_clustr_mm_heads' in wrappers())
+        lazy_heads='_clustr_mm_heads' in wrappers(),
+        eager_optimizer_step=getattr(Runner._maybe_compile,
+                                     '_clustr_mm_eager_step', False))
 
 before = state()
 import clustr_mm
@@ -67,7 +70,7 @@ def test_every_change_is_made_by_default_and_each_can_be_skipped():
     assert changed('all') == dict.fromkeys(PROCESS_WIDE_CHANGES, False)
     assert changed('atomic_writes, scope_check') == dict(
         checkpoint_loaders=True, atomic_writes=False, scope_check=False,
-        lazy_heads=True)
+        lazy_heads=True, eager_optimizer_step=True)
 
 
 def test_skip_variable_is_checked(monkeypatch):
