@@ -135,7 +135,97 @@ def interpreted_cases():
             use_plan(model, FUSED_PLAN)
             got = model(x)[0]
         out['model'][mode] = float((ref - got).abs().max())
+    out['launches'] = {f'{c}-{precision}': clustering_launches(c, precision)
+                       for c, precision in ((64, 'tf32x3'), (8, 'ieee'))}
+    out['merge'] = merge_cases()
     print('RESULT ' + json.dumps(out))
+
+
+def launched(fn, modules):
+    """The kernels (of ``modules``) and torch ops ``fn()`` launches under
+    the interpreter, in order (allocations and views are no launches)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from clustr_mm.analysis.op_census import ALLOC_OPS, VIEW_OPS
+    names, in_kernel = [], []
+
+    class Launch:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            def call(*args, **kwargs):
+                names.append(self.name)
+                in_kernel.append(1)  # the interpreter's own torch calls
+                try:
+                    return self.kernel[grid](*args, **kwargs)
+                finally:
+                    in_kernel.pop()
+            return call
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if not in_kernel and name not in VIEW_OPS | ALLOC_OPS:
+                names.append(name)
+            return func(*args, **(kwargs or {}))
+
+    kernels = {(m, n): getattr(m, n) for m in modules for n in dir(m)
+               if n.startswith('_') and n.endswith('_kernel')}
+    try:
+        for (m, n), kernel in kernels.items():
+            setattr(m, n, Launch(n, kernel))
+        with Ops():
+            fn()
+    finally:
+        for (m, n), kernel in kernels.items():
+            setattr(m, n, kernel)
+    return names
+
+
+def clustering_launches(c, precision):
+    """(launched, listed): what one fused DPC-kNN call launches and what
+    ``fused.gpu_launches`` (the op census's count of its CUDA path) lists
+    for it."""
+    from clustr_mm.ops.dpc_knn import fused
+    from clustr_mm.ops.dpc_knn.common import Windows
+    x = torch.randint(-1, 2, (3, 40, c)).float()
+    names = launched(lambda: fused._triton_passes(
+        x, [4, 12], 5, Windows(None, None, None), precision), [fused])
+    return names, fused.gpu_launches(x, None, None, None, [4, 12], 5,
+                                     precision)
+
+
+def merge_cases():
+    """The merge kernels against the torch merge: per case, rows equal,
+    the largest |difference| of the cluster tokens (integer tokens and
+    weights: exact sums; log-weights: exp and sums in another order), and
+    what they launch."""
+    from clustr_mm.ops.dpc_knn import (FUSED_PLAN, assign_clusters,
+                                       batch_consts)
+    from clustr_mm.ops.dpc_knn import merge
+    out = {}
+    torch.manual_seed(0)
+    for hw, ws, sr, b, c in CASES[:3] + [((14, 14), None, 2, 2, 40)]:
+        layout = merge.layout_for(hw, ws, sr, (1, 4), 5,
+                                  torch.device('cpu'), FUSED_PLAN)
+        n = hw[0] * hw[1]
+        x = torch.randint(-1, 2, (b, n, c)).float()
+        ids = assign_clusters(x, layout)
+        consts = batch_consts(layout, b, c)
+        rows = merge.token_rows(ids.clustered, consts)
+        for name, w, log in (
+                ('ints', torch.randint(1, 4, (b, n, 1)).float(), False),
+                ('none', None, False), ('log', torch.randn(b, n, 1), True)):
+            ref = merge.merge_sums(x, w, log, rows, consts.merge_zeros)
+            got = []
+            names = launched(lambda: got.extend(merge.merge_kernels(
+                x, w, log, ids.clustered, consts)), [merge])
+            out[f'{hw}-{ws}-{name}'] = dict(
+                rows=torch.equal(got[0], rows),
+                diff=float((got[1] - ref).abs().max()), launched=names,
+                identity=consts.identity_rows is not None)
+    return out
 
 
 def dpc_knn_assign_emulated(x, hw, ws, sr):
@@ -169,6 +259,39 @@ def test_fused_ids_equal_reference(interpreted):
     assert interpreted['kernel_calls'] >= len(CASES)  # the kernels ran
     bad = [k for k, same in interpreted['ids'].items() if not same]
     assert not bad, bad
+
+
+@pytest.mark.slow
+@needs_triton
+def test_census_lists_the_launches_the_kernels_make(interpreted):
+    """What the op census counts for one fused op call (its CUDA path,
+    which a CPU census cannot run) is what a run launches, in order: with
+    pass 2 pruned (64 channels, 'tf32x3' on sm_90) and without."""
+    from clustr_mm.ops.dpc_knn.merge import MERGE_LAUNCHES
+    launches = interpreted['launches']
+    assert '_pending_kernel' in launches['64-tf32x3'][0]
+    assert '_pending_kernel' not in launches['8-ieee'][0]
+    for key, (names, listed) in launches.items():
+        assert names == listed, key
+    for key, case in interpreted['merge'].items():
+        assert case['launched'] == list(MERGE_LAUNCHES), key
+
+
+@pytest.mark.slow
+@needs_triton
+def test_merge_kernels_equal_torch_merge(interpreted):
+    """The merge kernels (atomic sums, then the means) give the torch
+    merge's rows and cluster tokens: equal where the sums are exact
+    (integer tokens and weights), within fp32 round-off of the sums' order
+    with log-weights (measured 2.4e-7 on tokens in {-1, 0, 1}); with both
+    scales clustered and with an identity scale."""
+    cases = interpreted['merge']
+    assert len(cases) == 12
+    assert {c['identity'] for c in cases.values()} == {True, False}
+    for key, case in cases.items():
+        assert case['rows'], key
+        bound = 1e-6 if key.endswith('-log') else 0.0
+        assert case['diff'] <= bound, (key, case['diff'])
 
 
 @pytest.mark.slow
@@ -444,6 +567,18 @@ def compile_and_check(arch):
                 dict(tiles, S=2, HAS_SLOTS=True,
                      BLOCK_K=config.assign_block), f.ASSIGN_WARPS,
                 config.stages)
+    from clustr_mm.ops.dpc_knn import merge as mg
+    tokens = dict(BLOCK_T=mg.MERGE_BLOCK_T, BLOCK_C=mg.MERGE_BLOCK_C)
+    for c in (64, 128, 320):  # ClusTR-S's clustered stages
+        kernels[f'_merge_sums_kernel-{c}'] = (mg._merge_sums_kernel, dict(
+            x_ptr='*fp32', w_ptr='*fp32', ids_ptr='*i64', shift_ptr='*i64',
+            sums_ptr='*fp32', rows_ptr='*i64', total='i32', n='i32',
+            batch='i32', first_identity='i32'), dict(
+            tokens, C=c, S=2, HAS_W=True, LOG_W=True, IDENTITY=True,
+            LIBDEVICE=True), 4, 1)
+        kernels[f'_merge_mean_kernel-{c}'] = (mg._merge_mean_kernel, dict(
+            sums_ptr='*fp32', out_ptr='*fp32', num_rows='i32'), dict(
+            tokens, C=c, EPS_=mg.EPS), 4, 1)
     usage = {}
     for name, (fn, sig, consts, warps, stages) in kernels.items():
         sig.update(dict.fromkeys(consts, 'constexpr'))

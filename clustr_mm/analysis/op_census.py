@@ -24,9 +24,17 @@ A host sync is counted for:
 Metadata-only ops (views) are not counted as ops: they launch nothing.
 Ops that a kernel calls internally are not seen (the mode sees the outer op
 only), hence the rules above by op and argument.
+
+The project's own ops (namespace ``clustr_mm``, e.g. ClusTR's clustering
+and merge) are one op each, but they launch several kernels on a GPU: the
+census also counts, per call, the launches inside them (``launches``,
+``launches_per_call``): the aten ops they dispatch (allocations and views
+excepted), and for the fused DPC-kNN op the launches of its CUDA path
+(:func:`~clustr_mm.ops.dpc_knn.fused.gpu_launches`, which a CPU census
+cannot run).
 """
 from collections import Counter
-from typing import Callable, Dict
+from typing import Callable, Dict, List
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -47,6 +55,11 @@ SYNC_OPS = frozenset((
 MASK_INDEX_OPS = frozenset(('index', 'index_put', 'index_put_',
                             '_index_put_impl_'))
 COPY_OPS = frozenset(('_to_copy', 'copy_', 'copy'))
+# Ops that allocate without writing: no launch.
+ALLOC_OPS = frozenset(('empty', 'empty_like', 'new_empty', 'empty_strided',
+                       'new_empty_strided'))
+OWN_NAMESPACE = 'clustr_mm'
+
 HOST_READS = ('tolist', 'numpy')
 
 
@@ -77,31 +90,92 @@ def _syncs(func, name: str, args, kwargs, out) -> bool:
 
 class OpCensus(TorchDispatchMode):
     """Counts dispatched aten ops by name (overload dropped) and the host
-    syncs among them while active."""
+    syncs among them while active; per call of the project's own ops, the
+    launches inside (module docstring)."""
 
     def __init__(self):
         super().__init__()
         self.ops: Counter = Counter()
         self.syncs: Counter = Counter()
+        self.inside: Dict[str, List[int]] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
         self.ops[name] += 1
-        out = func(*args, **kwargs)
+        if _own(func):
+            launches, out = _launches_inside(func, args, kwargs)
+            self.inside.setdefault(name, []).append(launches)
+        else:
+            out = func(*args, **kwargs)
         if _syncs(func, name, args, kwargs, out):
             self.syncs[name] += 1
         return out
 
     def summary(self) -> Dict[str, object]:
         """``ops`` (views excluded), ``host_syncs``, the per-op counts and the
-        syncs by op."""
+        syncs by op; ``launches``: the ops with each own op counted as the
+        launches inside it, and ``launches_per_call`` of the own ops (the
+        most of any call)."""
         work = Counter({k: v for k, v in self.ops.items()
                         if k not in VIEW_OPS})
+        own = sum(len(calls) for calls in self.inside.values())
+        inside = sum(sum(calls) for calls in self.inside.values())
         return dict(ops=sum(work.values()),
                     host_syncs=sum(self.syncs.values()),
+                    launches=sum(work.values()) - own + inside,
+                    launches_per_call={k: max(v)
+                                       for k, v in self.inside.items()},
                     by_op=dict(work.most_common()),
                     syncs_by_op=dict(self.syncs.most_common()))
+
+
+def _own(func) -> bool:
+    return func.name().split('::')[0] == OWN_NAMESPACE
+
+
+class _Inside(TorchDispatchMode):
+    """Counts the launches of what one own op dispatches."""
+
+    def __init__(self):
+        super().__init__()
+        self.launches = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _own(func):
+            launches, out = _launches_inside(func, args, kwargs)
+            self.launches += launches
+            return out
+        if torch._C._dispatch_has_kernel_for_dispatch_key(
+                func.name(), 'CompositeImplicitAutograd'):
+            # below autograd (inside an op) composite ops such as reshape
+            # arrive whole: count what they decompose into
+            with self:
+                return func.decompose(*args, **kwargs)
+        name = func.overloadpacket.__name__
+        if name not in VIEW_OPS and name not in ALLOC_OPS:
+            self.launches += 1
+        return func(*args, **kwargs)
+
+
+def _launches_inside(func, args, kwargs):
+    """(launches, output) of one call of an own op on its CUDA path, which
+    the CPU does not run (it runs other code in the kernels' place): the
+    fused DPC-kNN's as :func:`~clustr_mm.ops.dpc_knn.fused.gpu_launches`
+    lists them; the clustering-and-merge op's as
+    :func:`~clustr_mm.ops.dpc_knn.merge.gpu_launches` counts them (a
+    dispatch mode does not see inside an op it hands on)."""
+    name = func.overloadpacket.__name__
+    if name == 'dpc_knn':
+        from ..ops.dpc_knn.fused import gpu_launches
+        return len(gpu_launches(*args, **kwargs)), func(*args, **kwargs)
+    if name != 'dpc_knn_merge':
+        raise NotImplementedError(
+            f'the op census does not know what {func.name()} launches: add '
+            'it to op_census._launches_inside')
+    from ..ops.dpc_knn.merge import gpu_launches
+    return gpu_launches(_Inside(), *args, **kwargs), func(*args, **kwargs)
 
 
 class _HostReads(TorchFunctionMode):
@@ -125,7 +199,7 @@ def op_census(fn: Callable[[], object], warmup: int = 1) -> Dict[str, object]:
 
     The warm-up lets size-dependent set-up (window layouts, cached masks) be
     built first, as it is once per input size in a real run. Returns
-    ``dict(ops=..., host_syncs=..., by_op=..., syncs_by_op=...)``.
+    :meth:`OpCensus.summary`'s dict.
     """
     for _ in range(warmup):
         fn()

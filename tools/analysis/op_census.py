@@ -4,8 +4,9 @@
         [--models clustr-s-window paca-s pvtv2-b2] [--amp bf16] [--out x.json]
 
 No timing: ``clustr_mm.analysis.op_census`` of one eval forward after a
-warm-up one: the ops (about the kernel launches on a GPU), the host syncs
-and the most frequent ops. ClusTR's clustering runs its CUDA path
+warm-up one: the ops (about the kernel launches on a GPU), the launches
+with those inside the project's own ops (ClusTR's clustering and merge)
+counted, per call of each, the host syncs and the most frequent ops. ClusTR's clustering runs its CUDA path
 (``FUSED_PLAN`` in ``dpc_knn``: the fused op) on every device, so a CPU
 census counts the GPU's code path. Models, rows and the child process per
 (model, size) are ``benchmark_common.py``'s.
@@ -37,13 +38,16 @@ def measure(name, size, args):
 class CensusTable(Table):
 
     def header(self):
-        return (f'{"model":16s} {"size":>9s} {"ops":>7s} '
-                f'{"host_syncs":>10s}  top 5 ops')
+        return (f'{"model":16s} {"size":>9s} {"ops":>7s} {"launches":>8s} '
+                f'{"host_syncs":>10s}  top 5 ops; launches per own-op call')
 
     def cells(self, r):
         top = ', '.join(f'{k} {v}' for k, v in sorted(
             r['by_op'].items(), key=lambda kv: -kv[1])[:5])
-        return f'{r["ops"]:7d} {r["host_syncs"]:10d}  {top}'
+        own = ', '.join(f'{k} {v}' for k, v in
+                        r.get('launches_per_call', {}).items())
+        return (f'{r["ops"]:7d} {r.get("launches", r["ops"]):8d} '
+                f'{r["host_syncs"]:10d}  {top}' + (f'; {own}' if own else ''))
 
 
 def main(argv=None):

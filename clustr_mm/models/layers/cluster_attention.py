@@ -184,6 +184,9 @@ class SummaryAttention(nn.Module):
         q = self.q(x)
         if self.clustering is not None:
             tokens, w = x, None
+            # the weights' logs, for a reducer that takes them (its op then
+            # runs the exp), else the weights
+            log = self.clustering.takes_log_weights
             if self.clustering.fp32:
                 # One cast for the reducer and the token weights: no cast
                 # of them under autocast, and exp of an fp32 logit (from
@@ -194,14 +197,19 @@ class SummaryAttention(nn.Module):
                 if layer is not None:
                     with torch.autocast(x.device.type, enabled=False):
                         if layer.weight.dtype == torch.float32:
-                            w = layer(tokens).exp()
+                            w = layer(tokens)
                         else:
                             w = F.linear(tokens, layer.weight.float(),
-                                         layer.bias.float()).exp()
+                                         layer.bias.float())
             elif self.weight_layer is not None:
-                w = self.weight_layer(x).exp()
+                w = self.weight_layer(x)
             # keywords: hooks (e.g. the FLOP counter's) read x, hw by name
-            summaries, assignments = self.clustering(tokens, hw=hw, weights=w)
+            if w is not None and log:
+                summaries, assignments = self.clustering(tokens, hw=hw,
+                                                         log_weights=w)
+            else:
+                summaries, assignments = self.clustering(
+                    tokens, hw=hw, weights=None if w is None else w.exp())
             if tokens is not x:
                 # back to what the projections compute in: the model's
                 # dtype (autocast's, when on, is what the reducer gave)

@@ -38,27 +38,31 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ...graph_safety import is_onnx_export, is_tracing
+from ...graph_safety import is_tracing
 from ...ops.dpc_knn.common import (CLUSTR_SCALES, ClusteringPlan, ClusterIds,
                                    Task, WindowLayout, cluster_counts,
-                                   concat_chunks, window_tokens)
-from ...ops.dpc_knn.dispatch import Choice, assign_clusters, choose_backend
+                                   window_tokens)
+from ...ops.dpc_knn.dispatch import Choice, batch_consts, choose_backend
+from ...ops.dpc_knn.merge import (cluster_and_merge, layout_for, merge_sums,
+                                  split_scales, token_rows)
 from ...ops.dpc_knn.reference import DEFAULT_PRECISION, check_precision
 from ...registry import register_model
 from .arg_checks import check_dpc_knn_args
 from .token_reducer import Grid, Reduction, TokenReducer
 
 
-def merge_clusters(x: torch.Tensor, w: torch.Tensor, ids: ClusterIds,
-                   layout: WindowLayout,
+def merge_clusters(x: torch.Tensor, w: Optional[torch.Tensor],
+                   ids: ClusterIds, layout: WindowLayout,
                    dtype: Optional[torch.dtype] = None) -> List[torch.Tensor]:
     """Per scale, the w-weighted mean of each cluster's members
     (normaliser + 1e-6): (B, totals[s], C), differentiable w.r.t. ``x``
-    and ``w``.
+    and ``w`` (what :meth:`DPCKNN.forward` computes with the clustering,
+    :func:`~clustr_mm.ops.dpc_knn.merge.cluster_and_merge`, for ids
+    found elsewhere).
 
     Args:
-        x: (B, N, C) tokens; w: (B, N, 1) positive token weights; both used
-            in fp32 (without autocast).
+        x: (B, N, C) tokens; w: (B, N, 1) positive token weights, or None
+            (the plain mean); both used in fp32 (without autocast).
         ids: The tokens' clusters (the op's ``assign_clusters``).
         layout: The layout ``ids`` were assigned under.
         dtype: Of the result; None: ``x``'s.
@@ -69,46 +73,16 @@ def merge_clusters(x: torch.Tensor, w: torch.Tensor, ids: ClusterIds,
     """
     b, n, c = x.shape
     dtype = dtype or x.dtype
-    if not b:  # empty batch (a size, not data: no sync)
-        return [x.new_zeros(0, m, c, dtype=dtype) for m in layout.totals]
-    scales = layout.clustered
     with torch.autocast(x.device.type, enabled=False):
-        x, w = x.float(), w.float()
-        weighted = torch.cat([x * w, w], -1)
-        # Identity scales are singleton clusters: their sums are the
-        # weighted tokens themselves, normalised along with the rest.
-        sums, sizes = [], []
-        if ids.clustered is not None:
-            consts = ids.consts
-            # numerators and denominators of every scale in one buffer, one
-            # index_add per scale from the same tokens (no copy per scale)
-            rows = (ids.clustered + consts.merge_rows).flatten(1)
-            src = weighted.reshape(-1, c + 1)
-            total = consts.merge_zeros
-            for index in rows:
-                if is_onnx_export():
-                    # neither exporter takes index_add; scatter_add is the
-                    # same sum (ONNX ScatterElements, reduction 'add') in
-                    # another order; PyTorch's own forward keeps index_add
-                    total = total.scatter_add(
-                        0, index[:, None].expand_as(src), src)
-                else:
-                    total = total.index_add(0, index, src)
-            sums.append(total)
-            sizes += [b * layout.totals[s] for s in scales]
-        if len(scales) < layout.num_scales:
-            sums.append(weighted.reshape(-1, c + 1))
-            sizes.append(b * n)
-        sums = concat_chunks(sums, 0)
-        merged = (sums[:, :c] / (sums[:, c:] + 1e-6)).to(dtype)
-        parts, start = [], 0
-        for size in sizes:
-            parts.append(merged[start:start + size].view(b, size // b, c))
-            start += size
-    out = [parts[-1]] * layout.num_scales  # the identity scales'
-    for s, part in zip(scales, parts):
-        out[s] = part
-    return out
+        x = x.float()
+        w = None if w is None else w.float()
+        if b:
+            consts = batch_consts(layout, b, c)
+            merged = merge_sums(x, w, False, token_rows(ids.clustered, consts),
+                                consts.merge_zeros)
+        else:  # empty batch (a size, not data: no sync)
+            merged = x.new_zeros(0, c)
+    return split_scales(merged.to(dtype), layout, b)
 
 
 def summary_dtype(x: torch.Tensor) -> torch.dtype:
@@ -172,6 +146,7 @@ class DPCKNN(TokenReducer):
     computing wrong outputs).
     """
     uses_token_weights = True
+    takes_log_weights = True
     fp32 = True
     graph_static_hw = True
 
@@ -224,8 +199,9 @@ class DPCKNN(TokenReducer):
     def layout(self, hw: Tuple[int, int],
                device: torch.device) -> WindowLayout:
         """The ``WindowLayout`` of an ``hw`` grid under the plan of
-        :meth:`backend`, built once per size (rebuilt, not cached,
-        while tracing or compiling)."""
+        :meth:`backend`, built once per size and shared by the reducers of
+        the same sizes (rebuilt, not cached, while tracing or
+        compiling)."""
         grid, plan = (int(hw[0]), int(hw[1])), self.backend(device).plan
         if is_tracing():
             return WindowLayout(grid, self.window_size, self.sr_ratio,
@@ -233,25 +209,34 @@ class DPCKNN(TokenReducer):
                                 plan=plan)
         key = (grid, device, plan)
         if self._layout is None or self._layout[0] != key:
-            self._layout = (key, WindowLayout(
+            self._layout = (key, layout_for(
                 grid, self.window_size, self.sr_ratio, self.scale_factors,
-                device, self.k, plan=plan))
+                self.k, torch.device(device), plan))
         return self._layout[1]
 
     def forward(self, x: torch.Tensor, hw: Grid,
-                weights: Optional[torch.Tensor] = None) -> Reduction:
+                weights: Optional[torch.Tensor] = None, *,
+                log_weights: Optional[torch.Tensor] = None) -> Reduction:
         """x: (B, N, C) tokens of the ``hw`` grid, weights: (B, N, 1) or
-        None (all 1) -> per scale the cluster tokens (B, M_s, C) and the
-        tokens' cluster ids (B, N). The cluster tokens come in ``x``'s
-        dtype, or under autocast, for fp32 ``x``, in autocast's."""
-        if weights is None:
-            weights = x.new_ones(x.shape[0], x.shape[1], 1)
+        None (all 1), or their logs as ``log_weights`` (the attention's
+        ``weight_layer`` output: the ``exp`` then runs in the clustering
+        op) -> per scale the cluster tokens (B, M_s, C) and the tokens'
+        cluster ids (B, N). The cluster tokens come in ``x``'s dtype, or
+        under autocast, for fp32 ``x``, in autocast's."""
+        if weights is not None and log_weights is not None:
+            raise ValueError('DPCKNN takes weights or log_weights, not both')
         dtype = summary_dtype(x)
-        x = x.float()  # the clustering and the merge run in fp32
-        layout = self.layout(hw, x.device)
-        ids = assign_clusters(x, layout)
-        tokens = merge_clusters(x, weights, ids, layout, dtype)
-        return Reduction(tokens, ids.scales)
+        b = x.shape[0]
+        with torch.autocast(x.device.type, enabled=False):
+            x = x.float()  # the clustering and the merge run in fp32
+            w = weights if log_weights is None else log_weights
+            layout = self.layout(hw, x.device)
+            ids, merged = cluster_and_merge(
+                x, None if w is None else w.float(), layout,
+                log_weights is not None)
+        # one cast for every scale (under autocast), then the scales' views
+        return Reduction(split_scales(merged.to(dtype), layout, b),
+                         ids.scales)
 
     def extra_repr(self) -> str:
         mode = ('exact' if self.window_size is None else

@@ -46,6 +46,10 @@ class TokenReducer(nn.Module):
             projection in the attention; their outputs are summed).
         uses_token_weights (bool): Whether the attention should give it
             learned token weights (creates the attention's ``weight_layer``).
+        takes_log_weights (bool): Whether the attention hands it the token
+            weights' logs (``log_weights=``, the ``weight_layer`` output)
+            instead of the weights, so that it can fold the ``exp`` into
+            its own op (ClusTR's fused clustering and merge).
         shareable (bool): Whether its assignment can be applied to other
             tokens (:func:`apply_assignment`), so later blocks of a stage may
             reuse it (PaCa's stage-wise clustering).
@@ -58,6 +62,7 @@ class TokenReducer(nn.Module):
     num_scales = 1
     flop_kind = 'clustering'  # what analysis.flops counts its work as
     uses_token_weights = False
+    takes_log_weights = False
     shareable = False
     fp32 = False
 

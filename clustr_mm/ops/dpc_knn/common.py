@@ -106,10 +106,13 @@ class GroupConsts:
 @dataclass(frozen=True)
 class BatchConsts:
     """A layout's constants for one batch size: one :class:`GroupConsts`
-    per window group; ``merge_rows`` (S', B, 1) (:func:`merge_rows`) and
-    ``merge_zeros`` (rows, C + 1) for the merge."""
+    per window group; for the merge (:mod:`.merge`), ``merge_rows``
+    (S', B, 1) (:func:`~.dispatch.merge_rows`), ``identity_rows`` (1, B * N),
+    the tokens' own rows after the clustered scales' (None without an
+    identity scale), and ``merge_zeros`` (rows, C + 1)."""
     groups: Tuple[GroupConsts, ...]
     merge_rows: torch.Tensor
+    identity_rows: Optional[torch.Tensor]
     merge_zeros: torch.Tensor
 
 
@@ -221,6 +224,9 @@ class WindowLayout:
         self.window = (wh, ww) = (min(size, h), min(size, w))
         self.grid = (gh, gw) = (-(-h // wh), -(-w // ww))
         self.device, self.k, self.plan = device, k, plan
+        # what the layout was made from (the merge op is handed these)
+        self.window_size, self.sr_ratio = window_size, sr_ratio
+        self.scale_factors = tuple(scale_factors)
         self.tokens = window_tokens(self.hw, window_size)
         self.counts = cluster_counts(self.tokens, sr_ratio, scale_factors)
         self.totals = [sum(c) for c in self.counts]

@@ -255,9 +255,15 @@ def batch_consts(layout: WindowLayout, batch: int,
     groups = tuple(_group_consts(layout, grp, batch, inf)
                    for grp in layout.groups)
     totals = [layout.totals[s] for s in layout.clustered]
+    rows = batch * sum(totals)
+    identity_rows = None
+    if len(totals) < layout.num_scales:
+        n = layout.hw[0] * layout.hw[1]
+        identity_rows = (torch.arange(batch * n, device=dev) + rows)[None]
+        rows += batch * n
     consts = BatchConsts(
-        groups, merge_rows(batch, totals, dev),
-        torch.zeros(batch * sum(totals), channels + 1, device=dev))
+        groups, merge_rows(batch, totals, dev), identity_rows,
+        torch.zeros(rows, channels + 1, device=dev))
     if not is_tracing():
         layout.batches[key] = consts
     return consts

@@ -829,6 +829,22 @@ def probed(x: torch.Tensor, counts: Sequence[int], k: int,
     return ids, probe
 
 
+def gpu_launches(x: torch.Tensor, invalid: Optional[torch.Tensor],
+                 knn_scale: Optional[torch.Tensor],
+                 center_valid: Optional[torch.Tensor], counts: List[int],
+                 k: int, precision: str) -> List[str]:
+    """The kernels and torch ops one call of the op launches where the
+    kernels run (:func:`_triton_passes`), in order, given the op's
+    arguments: for the op census, which counts the CUDA path on devices
+    where it cannot run (the layout :func:`kernel_config` gives on the
+    tensors' device; a CPU stands for sm_90). A run under Triton's
+    interpreter counts the same (``tests/test_dpc_knn_fused.py``)."""
+    config = kernel_config(x.device, x.shape[2], precision)
+    pending = ['_pending_kernel'] if config.prune_denser else []
+    return (['_prep_kernel', '_knn_kernel', 'gather', 'sort'] + pending +
+            ['_denser_kernel', 'sort', '_assign_kernel'])
+
+
 def runs_kernels(x: torch.Tensor) -> bool:
     """Whether the op runs the kernels on ``x`` (a CUDA tensor, or Triton's
     interpreter on); otherwise it runs the blocked backend."""
