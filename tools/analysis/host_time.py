@@ -10,8 +10,7 @@ its eval forward on the ``meta`` device: every aten op is dispatched and
 its output shape computed, no arithmetic is done and no memory is touched,
 so the wall time is the model's Python plus torch's dispatch per op, at
 the real input size. ClusTR takes its CUDA path (``FUSED_PLAN``), as in
-``op_census.py``; the fused clustering op runs its fake (shape-only)
-implementation, one op per call.
+``op_census.py``: one clustering-and-merge op per attention.
 
 What the worker changes in its own process to run on ``meta`` (the model
 code is untouched):
@@ -28,8 +27,9 @@ code is untouched):
 
 Not in the figure: the kernel launches themselves (a few us each on a
 GPU), the allocator, autocast's casts (``--amp`` is not offered: autocast
-does not act on ``meta`` tensors) and the fused clustering op's body (its
-Python and Triton launches). The row also gives the ops of the same meta
+does not act on ``meta`` tensors) and the fused DPC-kNN op's body (its
+Python and Triton launches); the clustering-and-merge op around it runs
+its body (:func:`clustering_body_on_meta`). The row also gives the ops of the same meta
 forward (``clustr_mm.analysis.op_census``, equal to ``op_census.py``'s
 count) and host microseconds per op. Ratios to ``pvtv2-b2`` of the same
 run close each size. Models, rows and the child process per (model, size)
@@ -156,6 +156,19 @@ def fused_attention_on_meta():
     F.scaled_dot_product_attention = attention
 
 
+def clustering_body_on_meta():
+    """ClusTR's clustering-and-merge op (``clustr_mm::dpc_knn_merge``) runs
+    its body on ``meta``, not its shape-only fake: the windows' cut, the
+    ids' offsets and the merge are Python and dispatches the host does on
+    a GPU too (there the merge is two Triton launches, here the torch merge
+    in their place). The fused DPC-kNN inside keeps its fake; registered
+    while the returned Library lives."""
+    from clustr_mm.ops.dpc_knn.merge import dpc_knn_merge_body
+    library = torch.library.Library('clustr_mm', 'IMPL')
+    library.impl('dpc_knn_merge', dpc_knn_merge_body, 'Meta')
+    return library
+
+
 class OpsIn(TorchDispatchMode):
     """Counts the dispatched calls of the given op overloads."""
 
@@ -174,6 +187,7 @@ def measure(name, size, args):
     python_metas = use_cpp_meta_kernels()
     autocast_on_meta()
     fused_attention_on_meta()
+    _KEPT.append(clustering_body_on_meta())
     model, x, row = prepare(name, size, args, counted=True)
     cuda_path(model)
     model.to('meta')
