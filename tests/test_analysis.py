@@ -425,7 +425,8 @@ def test_benchmark_census(tmp_path):
     assert lines[0].startswith('device: cpu (') and 'batch 2' in lines[0]
     assert lines[1].startswith('command: python tools/analysis/op_census.py '
                                '--models')
-    assert lines[2].split()[:4] == ['model', 'size', 'ops', 'host_syncs']
+    assert lines[2].split()[:5] == ['model', 'size', 'ops', 'launches',
+                                    'host_syncs']
     rows = json.loads(out.read_text())
     assert [r['model'] for r in rows] == ['clustr-t-window', 'paca-t']
     for r in rows:
@@ -438,8 +439,17 @@ def test_benchmark_census(tmp_path):
         assert 'latency_s' not in r  # a census is not timed
         line = next(x for x in lines if x.startswith(r['model']))
         top = max(r['by_op'], key=r['by_op'].get)
-        assert line.split()[2:4] == [str(r['ops']), str(r['host_syncs'])]
+        assert line.split()[2:5] == [str(r['ops']), str(r['launches']),
+                                     str(r['host_syncs'])]
         assert f'{top} {r["by_op"][top]}' in line
+    # ClusTR's clustering is one op a call that launches several kernels
+    # on a GPU (its CUDA path, counted inside); PaCa has no op of its own
+    clustr, paca = rows
+    per_call = clustr['launches_per_call']['dpc_knn_merge']
+    assert per_call >= 10 and 'dpc_knn_merge ' + str(per_call) in lines[3]
+    calls = clustr['by_op']['dpc_knn_merge']
+    assert clustr['launches'] > clustr['ops'] + calls * (10 - 1) - 1
+    assert paca['launches'] == paca['ops'] and not paca['launches_per_call']
 
 
 @pytest.mark.slow
@@ -461,8 +471,10 @@ def test_host_time_runs_the_census_op_sequence_on_meta(tmp_path):
                      '--runs', '3', '--warmup', '1', '--threads', '1',
                      '--out', str(out)], timeout=300)
     lines = proc.stdout.splitlines()
-    assert lines[2].split()[:4] == ['model', 'size', 'host_ms', 'ops']
-    assert '  host time relative to pvtv2-b2 at 64x64:' in lines
+    assert lines[2].split()[:5] == ['model', 'size', 'host_ms', 'cpp_ms',
+                                    'ops']
+    assert ('  host time relative to pvtv2-b2 at 64x64 (all; without '
+            'Python meta kernels):') in lines
     rows = {r['model']: r for r in json.loads(out.read_text())}
     clustr, pvt = rows['clustr-t-window'], rows['pvtv2-b2']
     assert clustr['ops'] == census['ops']
@@ -474,7 +486,9 @@ def test_host_time_runs_the_census_op_sequence_on_meta(tmp_path):
         assert r['host_ms'] == pytest.approx(
             sorted(r['host_runs_ms'])[1])  # the median of 3
         assert 0 <= r['python_meta_ops'] < r['ops']
-    assert pvt['host_vs_pvtv2_b2'] == 1
+        # the Python meta kernels' time taken out: less, still positive
+        assert 0 < r['host_ms_cpp'] < r['host_ms']
+    assert pvt['host_vs_pvtv2_b2'] == 1 == pvt['cpp_vs_pvtv2_b2']
     assert clustr['host_vs_pvtv2_b2'] == pytest.approx(
         clustr['host_ms'] / pvt['host_ms'])
 
@@ -502,10 +516,13 @@ def test_host_time_meta_forward_is_host_work_only():
         assert best(one, large) < 5 * best(one, small) + 1e-4
         assert best(two, small) > 1.2 * best(one, small)
     table = tool.HostTable(tool.parse_args([]))
-    rows = [dict(model='clustr-s-window', size='800x1344', host_ms=60.0),
+    rows = [dict(model='clustr-s-window', size='800x1344', host_ms=60.0,
+                 host_ms_cpp=30.0),
             dict(model='swin-t', size='800x1344', error='boom'),
-            dict(model='pvtv2-b2', size='800x1344', host_ms=40.0)]
-    assert table.ratios(rows)[1].split() == ['clustr-s-window', '1.50x']
+            dict(model='pvtv2-b2', size='800x1344', host_ms=40.0,
+                 host_ms_cpp=10.0)]
+    assert table.ratios(rows)[1].split() == ['clustr-s-window', '1.50x,',
+                                             '3.00x']
     assert table.ratios(rows[:2]) == []
 
 
