@@ -268,6 +268,8 @@ def test_nan_check_passes(config, amp, tiny_data, tmp_path):
     assert result['device'] == 'cpu'
     assert result['optim_wrapper'] == (
         'CPUAmpOptimWrapper' if amp else 'OptimWrapper'), result
+    # and the versions a GPU row names (run_gpu_checks.sh step 54 keeps it)
+    assert {'torch', 'driver', 'cuda', 'triton'} <= result.keys(), result
 
 
 @pytest.mark.slow

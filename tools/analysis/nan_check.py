@@ -13,7 +13,8 @@ enough epochs, validation and checkpoints are off). Every iteration checks
 * every logged loss component (keys containing 'loss'),
 
 and stops at the first NaN/Inf with a message naming the (1-based)
-iteration and what was not finite. Prints one ``[nan-check] {json}`` line;
+iteration and what was not finite. Prints one ``[nan-check] {json}`` line
+(with the device, torch, and the driver, CUDA and Triton versions);
 exits 0 when all iterations were finite, 1 otherwise.
 
 Gradients are not checked under ``AmpOptimWrapper`` (fp16 loss scaling makes
@@ -35,6 +36,7 @@ import sys
 import time
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))  # provenance.py
 
 import torch  # noqa: E402
 from mmengine.hooks import Hook  # noqa: E402
@@ -45,6 +47,7 @@ from clustr_mm.engine.cli_args import positive_int  # noqa: E402
 from clustr_mm.engine.amp import use_amp  # noqa: E402
 from clustr_mm.engine.launch import add_common_args, load_config  # noqa: E402
 from clustr_mm.engine.short_run import run_short  # noqa: E402
+from provenance import software  # noqa: E402
 
 
 class NonFiniteError(FloatingPointError):
@@ -156,9 +159,11 @@ def main(argv=None):
     hook = FiniteCheckHook()
     # what applies, not only what was asked: the device, and the optimizer
     # wrapper (mixed precision) that --amp resolved to there
+    cuda = torch.cuda.is_available()
     summary = dict(config=args.config, iters=args.iters, amp=args.amp,
-                   device=(torch.cuda.get_device_name()
-                           if torch.cuda.is_available() else 'cpu'),
+                   device=torch.cuda.get_device_name() if cuda else 'cpu',
+                   torch=torch.__version__,
+                   **software('cuda' if cuda else 'cpu'),
                    optim_wrapper=cfg.optim_wrapper.get('type',
                                                        'OptimWrapper'),
                    amp_dtype=cfg.optim_wrapper.get('dtype'))
