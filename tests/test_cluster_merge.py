@@ -117,3 +117,74 @@ def test_layouts_are_shared_and_remember_their_sizes():
     assert a is b
     assert (a.window_size, a.sr_ratio, a.scale_factors) == (5, 2, (1, 4))
     assert isinstance(a, WindowLayout)
+
+
+@pytest.fixture
+def merge_kernels_on_cpu(monkeypatch):
+    """The merge as where the kernels run, with ``kernels`` standing in
+    for them (no Triton needed), and the first-use checks forgotten."""
+    from clustr_mm.ops.dpc_knn import first_use
+    first_use.reset()
+    calls = []
+
+    def use(kernels):
+        def counted(*args):
+            calls.append(1)
+            return kernels(*args)
+        monkeypatch.setattr(merge_mod, 'runs_kernels', lambda x: True)
+        monkeypatch.setattr(merge_mod, 'merge_kernels', counted)
+        return calls
+    yield use
+    first_use.reset()
+
+
+def _torch_merge(x, w, log_weights, clustered, consts):
+    rows = merge_mod.token_rows(clustered, consts)
+    return rows, merge_mod.merge_sums(x, w, log_weights, rows,
+                                      consts.merge_zeros)
+
+
+def _layout():
+    return layout_for((9, 11), None, 2, (1, 4), 5, torch.device('cpu'),
+                      FUSED_PLAN)
+
+
+def _bodies(n=2):
+    x, logits = _inputs(2, 99, 6)
+    return [merge_mod._body(x, logits, _layout(), True) for _ in range(n)]
+
+
+def test_merge_kernels_that_agree_are_checked_once(merge_kernels_on_cpu,
+                                                   recwarn):
+    calls = merge_kernels_on_cpu(_torch_merge)
+    first, second = _bodies()
+    assert len(calls) == 2  # checked on the first call, trusted after
+    assert torch.equal(first[2], second[2])
+    assert not [w for w in recwarn if 'merge kernels' in str(w.message)]
+
+
+def test_merge_kernels_that_disagree_fall_back_to_torch(
+        merge_kernels_on_cpu, monkeypatch):
+    def wrong(*args):
+        rows, merged = _torch_merge(*args)
+        return rows, merged + 1e-3
+    calls = merge_kernels_on_cpu(wrong)
+    with pytest.warns(RuntimeWarning, match='the merge kernels disagree '
+                      r'with torch .*cluster tokens differ by up to 0.001'):
+        first, second = _bodies()
+    assert len(calls) == 1  # not again on that device
+    # both calls give the torch merge's tokens
+    monkeypatch.setattr(merge_mod, 'runs_kernels', lambda x: False)
+    (reference, ) = _bodies(1)
+    assert torch.equal(first[2], reference[2])
+    assert torch.equal(second[2], reference[2])
+
+
+def test_merge_check_is_strict_on_request(merge_kernels_on_cpu,
+                                          monkeypatch):
+    from clustr_mm.ops.dpc_knn.first_use import FusedCheckError
+    merge_kernels_on_cpu(lambda *args: (args[3].flatten(1)[:1] * 0,
+                                        _torch_merge(*args)[1]))
+    monkeypatch.setenv('CLUSTR_MM_FUSED_CHECK_STRICT', '1')
+    with pytest.raises(FusedCheckError, match='token rows differ'):
+        _bodies(1)

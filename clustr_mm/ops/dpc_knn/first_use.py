@@ -95,6 +95,7 @@ def reset() -> None:
     with _lock:
         _reports.clear()
         _fallen_back.clear()
+        _other_checks.clear()
 
 
 def _enabled() -> bool:
@@ -188,3 +189,45 @@ class Checked:
         if first:
             warnings.warn(message, RuntimeWarning, stacklevel=2)
         return ref_ids
+
+
+# (kernel name, device, what else fixes the code path) -> None where the
+# kernels agreed, else the warning given (the oracle runs from then on)
+_other_checks: Dict[tuple, Optional[str]] = {}
+
+
+def checked_once(kernel: str, x: torch.Tensor, key: tuple, fast, oracle,
+                 disagreement):
+    """``fast()``, checked against ``oracle()`` the first time per
+    ``(kernel, device) + key`` in this process, as :class:`Checked` checks
+    the fused DPC-kNN (same switches, warning and fallback; for kernels
+    without a backend of their own, e.g. the merge of :mod:`.merge`):
+    ``disagreement(got, ref)`` is None where they agree, else what differs.
+    On a device where a check failed ``oracle()`` runs instead."""
+    device = _device_key(x.device)
+    if is_tracing() or _capturing(x) or not _enabled():
+        return fast()
+    with _lock:
+        fallen = any(k[:2] == (kernel, device) and v is not None
+                     for k, v in _other_checks.items())
+        known = (kernel, device) + key in _other_checks
+    if fallen:
+        return oracle()
+    if known:
+        return fast()
+    got, ref = fast(), oracle()
+    diff = disagreement(got, ref)
+    message = None if diff is None else (
+        f'clustr_mm: the {kernel} kernels disagree with torch on '
+        f'{describe_device(x.device)} ({key}): {diff}. ClusTR runs the '
+        f'torch code in their place on {device} for the rest of this '
+        f'process (slower, same result). Please report it to {REPORT_TO}. '
+        f'{OFF_ENV}=0 skips this check; {STRICT_ENV}=1 makes it an error.')
+    if message is not None and _strict():
+        raise FusedCheckError(message)
+    with _lock:
+        _other_checks[(kernel, device) + key] = message
+    if message is not None:
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        return ref
+    return got
