@@ -131,7 +131,7 @@ class OpCensus(TorchDispatchMode):
 
 
 def _own(func) -> bool:
-    return func.name().split('::')[0] == OWN_NAMESPACE
+    return str(func).split('.', 1)[0] == OWN_NAMESPACE  # 'ns.op.overload'
 
 
 class _Inside(TorchDispatchMode):

@@ -11,9 +11,10 @@ row per token: :func:`token_rows`), and each cluster token is
 plan (CUDA with Triton, where every op dispatched costs host time at small
 batches) it is one custom op, ``torch.ops.clustr_mm.dpc_knn_merge``: the
 windows cut, the fused clustering, the ids' offsets, the token weights'
-``exp`` and the merge behind one dispatch, with its backward written out
-(:func:`merge_backward`, checked against autograd of :func:`merge_sums` in
-the tests). Every other plan (blocked and reference backends, tracing,
+``exp`` and the merge (two Triton kernels, :func:`merge_kernels`, checked
+against the torch merge on first use) behind one dispatch, with its
+backward written out (:func:`merge_backward`, checked against autograd of
+:func:`merge_sums` in the tests). Every other plan (blocked and reference backends, tracing,
 ONNX export) and torch < 2.4 run the same body as plain torch calls, and
 autograd follows them.
 """
@@ -109,7 +110,9 @@ if triton is not None:
                      v / den[:, None], mask=m)
 
 
-@functools.lru_cache(maxsize=64)
+# layouts kept: three clustered stages at about ten input sizes (each
+# holds its constants per batch size: at 800x1344, batch 2, a few MB)
+@functools.lru_cache(maxsize=32)
 def layout_for(hw: Tuple[int, int], window_size: Optional[int],
                sr_ratio: int, scale_factors: Tuple[int, ...], k: int,
                device: torch.device, plan: ClusteringPlan) -> WindowLayout:
