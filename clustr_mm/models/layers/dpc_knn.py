@@ -1,7 +1,7 @@
 """ClusTR's key/value reducer: DPC-kNN clusters of the tokens, merged with
 the tokens' learned weights.
 
-The paper's three ideas are the three calls of :meth:`DPCKNN.forward`:
+The paper's three ideas are the steps of :meth:`DPCKNN.forward`:
 
 1. ``self.layout(hw, device)``: the grid cut into clustering windows and
    each window's cluster counts (a ``WindowLayout`` of the op,
@@ -10,8 +10,11 @@ The paper's three ideas are the three calls of :meth:`DPCKNN.forward`:
 2. ``assign_clusters`` (the op's dispatch): density-peak centers, each
    token to its nearest center (the backends; ``dpc_knn_reference`` in
    ``clustr_mm/ops/dpc_knn/reference.py`` is the algorithm step by step);
-3. :func:`merge_clusters`: the ``w``-weighted mean of each cluster's
-   members.
+3. the merge: the ``w``-weighted mean of each cluster's members.
+
+Steps 2 and 3 are ``cluster_and_merge`` of ``clustr_mm/ops/dpc_knn/merge.py``
+(one op on the CUDA path; :func:`merge_clusters` is step 3 alone, for ids
+found elsewhere).
 
 The algorithm follows the official code (``shared/reference/clustr.md`` of
 the project's notes) with three deliberate differences: ties are broken by
