@@ -85,6 +85,27 @@ def switch(variable: str, default: bool) -> bool:
                      f'off (unset: {"on" if default else "off"})')
 
 
+def switch_value(name: str, value, default: bool = False) -> bool:
+    """A config's on/off option (``allow_partial_load``, ``resume``) read as
+    strictly as :func:`switch` reads the environment: None is ``default``;
+    True/False, 1/0 and the words of :data:`ON_VALUES` / :data:`OFF_VALUES`
+    (any case; ``--cfg-options`` leaves ``no`` a string, which Python reads
+    as true) are what they say; anything else is a ValueError naming
+    ``name``."""
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ON_VALUES:
+        return True
+    if isinstance(value, str) and value.strip().lower() in OFF_VALUES:
+        return False
+    raise ValueError(f'{name}={value!r} is not an on/off value: use True or '
+                     f'False (or one of {ON_VALUES} / {OFF_VALUES})')
+
+
 def skip_note(name: str) -> str:
     """A sentence for an error that leaving out change ``name`` may have
     caused: empty unless ``CLUSTR_MM_SKIP`` leaves it out."""

@@ -22,7 +22,8 @@ from clustr_mm.engine.launch import (  # noqa: E402
     add_common_args, add_run_hooks, build_runner, check_train_length,
     finish_distributed, load_config)
 from clustr_mm.engine.resume import (  # noqa: E402
-    choose_resume_checkpoint, explain_unreadable, read_resume_meta)
+    checkpoint_in_folder, choose_resume_checkpoint, explain_unreadable,
+    read_resume_meta)
 
 
 def parse_args(argv=None):
@@ -31,7 +32,9 @@ def parse_args(argv=None):
     parser.add_argument(
         '--resume', nargs='?', const='auto', default=None,
         help="resume from CKPT, or with no value ('auto') from the latest "
-        'checkpoint in the work dir')
+        'checkpoint in the work dir; a folder: its latest checkpoint, '
+        'chosen alike (the newest epoch_N/iter_N or the one its '
+        'last_checkpoint names), else its newest .pth file')
     parser.add_argument(
         '--amp', action='store_true',
         help="mixed precision: on a GPU MMEngine's AmpOptimWrapper (the "
@@ -110,6 +113,13 @@ def resume(cfg, choice: str) -> None:
             print(f'[train] --resume: no checkpoint in {cfg.work_dir}, '
                   'starting from scratch', flush=True)
             return
+    elif not choice.strip():
+        raise ValueError(
+            f"--resume {choice!r} is empty: give a checkpoint file or a "
+            "folder of checkpoints, or --resume alone for the work dir's "
+            'latest')
+    elif osp.isdir(choice):
+        path, meta = checkpoint_in_folder(choice)
     else:
         path = choice
         if not osp.isfile(path):

@@ -24,10 +24,18 @@ from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 from torch import nn
 
-from ..registry import skip_note
+from ..registry import skip_note, switch_value
 from .paca_official import SIGNATURE, paca_official_layout
 
 OPTION = 'allow_partial_load'
+
+
+def partial_load_allowed(cfg) -> bool:
+    """The config's :data:`OPTION`, parsed strictly
+    (:func:`~clustr_mm.registry.switch_value`): ``--cfg-options
+    allow_partial_load=no`` leaves the string ``'no'``, which used to read
+    as yes."""
+    return switch_value(OPTION, cfg.get(OPTION, None), False)
 
 
 class PartialLoadError(RuntimeError):
@@ -188,7 +196,7 @@ def _refuse_partial(runner, module: nn.Module, report: Dict[str, List],
             or report['unexpected']):
         return
     text = describe_coverage(report, module, source)
-    if runner.cfg.get(OPTION, False):
+    if partial_load_allowed(runner.cfg):
         runner.logger.warning(f'{text} {anyway} ({OPTION}).')
         return
     raise PartialLoadError(f'{text} {hint}{_REFUSAL}')
@@ -204,6 +212,8 @@ _REFUSAL = (
 def add_coverage_check(cfg, allow_partial_load: bool = False) -> None:
     """Add the hook to ``cfg.custom_hooks`` (once); ``allow_partial_load``
     (a tool's ``--allow-partial-load``) sets the config's option."""
+    if cfg.get(OPTION, None) is not None:  # 'no' -> False; 'maybe' refused
+        cfg[OPTION] = partial_load_allowed(cfg)
     hooks = cfg.get('custom_hooks') or []
     if not any(h.get('type') == CheckpointCoverageHook.__name__
                for h in hooks):

@@ -57,6 +57,8 @@ def existing_dir(text: str) -> str:
 def new_file(text: str) -> str:
     """A path a file can be written to: not an existing directory, and its
     parent is a directory or can be made."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f'{text!r} is empty; give a file name')
     if osp.isdir(text):
         raise argparse.ArgumentTypeError(
             f'{text!r} is a directory; give a file name in it')
@@ -66,4 +68,29 @@ def new_file(text: str) -> str:
     if parent and not osp.isdir(parent):
         raise argparse.ArgumentTypeError(
             f'{text!r}: {parent} is a file, so no directory can be made there')
+    return text
+
+
+def work_dir(text: str) -> str:
+    """A folder for checkpoints and logs: not empty (MMEngine would write
+    into the current directory) and not an existing file."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f'{text!r} is empty: MMEngine would write the checkpoints, the '
+            'dumped config and the logs into the current directory; name a '
+            'folder, or leave the flag out for its default')
+    if osp.exists(text) and not osp.isdir(text):
+        raise argparse.ArgumentTypeError(
+            f'{text!r} is a file, not a folder')
+    return text
+
+
+def new_dir(text: str) -> str:
+    """A folder to write into: not empty, not an existing file."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f'{text!r} is empty; name a folder (. for the current one)')
+    if osp.exists(text) and not osp.isdir(text):
+        raise argparse.ArgumentTypeError(
+            f'{text!r} is a file, not a folder')
     return text

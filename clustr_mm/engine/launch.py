@@ -18,6 +18,9 @@ from torch import nn
 from ..env_check import check_scope
 from ..models.heads import LAZY_HEADS
 from ..registry import skip_note
+from .cli_args import work_dir as work_dir_arg
+from .options import (check_config_switches, check_work_dir,
+                      merge_cfg_options)
 
 SCOPES = ('mmpretrain', 'mmdet', 'mmseg', 'mmpose')
 
@@ -36,7 +39,7 @@ def build_in_scope(model_cfg, scope: str) -> nn.Module:
 def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('config', help='config file path')
     parser.add_argument(
-        '--work-dir', help='where logs and checkpoints go '
+        '--work-dir', type=work_dir_arg, help='where logs and checkpoints go '
         '(default: work_dirs/<config name>)')
     parser.add_argument(
         '--cfg-options', nargs='+', action=DictAction, default={},
@@ -72,7 +75,8 @@ def load_config(args: argparse.Namespace) -> Config:
     if 'LOCAL_RANK' not in os.environ:
         os.environ['LOCAL_RANK'] = str(args.local_rank)
     cfg = read_config(args.config)
-    cfg.merge_from_dict(args.cfg_options)
+    merge_cfg_options(cfg, args.cfg_options, args.config)
+    check_config_switches(cfg, args.config)
     scope = cfg.get('default_scope')
     if scope not in SCOPES:
         raise ValueError(
@@ -87,6 +91,9 @@ def load_config(args: argparse.Namespace) -> Config:
     elif cfg.get('work_dir') is None:
         cfg.work_dir = osp.join('work_dirs',
                                 osp.splitext(osp.basename(args.config))[0])
+    check_work_dir(cfg.work_dir, '--work-dir' if args.work_dir is not None
+                   else '--cfg-options work_dir' if 'work_dir' in
+                   args.cfg_options else f'work_dir in {args.config}')
     if args.launcher != 'none' and not torch.cuda.is_available():
         prepare_cpu_distributed(cfg)
     return cfg

@@ -85,3 +85,53 @@ def explain_unreadable(path: str, err: ValueError) -> ValueError:
     hint = f'; other checkpoints there: {names}' if others else ''
     return ValueError(f'--resume: {err}. Pick another with --resume PATH'
                       f'{hint}')
+
+
+def checkpoint_in_folder(folder: str, log=print
+                         ) -> Tuple[str, dict]:
+    """(path, meta) for ``--resume FOLDER``: its latest checkpoint as
+    ``--resume`` alone picks one in the work dir
+    (:func:`choose_resume_checkpoint`: the newest readable ``epoch_N.pth``
+    / ``iter_N.pth``, or the file MMEngine's ``last_checkpoint`` names),
+    else the newest other ``*.pth``. A
+    ValueError naming the folder when it holds none, or when the choice is
+    ambiguous (``epoch_N`` and ``iter_N`` files without a pointer; other
+    ``*.pth`` files written in the same second)."""
+    has_pointer = osp.isfile(osp.join(folder, 'last_checkpoint'))
+    named = [p for p in checkpoints_newest_first(folder)]
+    kinds = {m.group(1) for p in named
+             for m in [re.fullmatch(r'(epoch|iter)_\d+\.pth',
+                                    osp.basename(p))] if m}
+    if len(kinds) == 2 and not has_pointer:
+        raise ValueError(
+            f'--resume {folder}: the folder holds both epoch_N.pth and '
+            'iter_N.pth checkpoints and no last_checkpoint file, so which is '
+            'the latest cannot be told; pass one with --resume PATH ('
+            f'{", ".join(map(osp.basename, named[:4]))}'
+            f'{", ..." if len(named) > 4 else ""})')
+    if named:
+        path, meta = choose_resume_checkpoint(folder, log)
+        return path, meta
+    others = sorted(
+        (osp.getmtime(osp.join(folder, name)), name)
+        for name in os.listdir(folder) if name.endswith('.pth')
+        and osp.isfile(osp.join(folder, name)))
+    if not others:
+        raise ValueError(
+            f'--resume {folder}: the folder holds no checkpoint (no '
+            'last_checkpoint file, epoch_N.pth, iter_N.pth or other .pth '
+            'file); pass the checkpoint file with --resume PATH')
+    if len(others) > 1 and int(others[-1][0]) == int(others[-2][0]):
+        raise ValueError(
+            f'--resume {folder}: {others[-1][1]} and {others[-2][1]} are '
+            'equally new and there is no last_checkpoint file; pass one '
+            'with --resume PATH')
+    path = osp.join(folder, others[-1][1])
+    if len(others) > 1:
+        log(f'[train] --resume {folder}: taking the newest .pth file, '
+            f'{others[-1][1]} (others: '
+            f'{", ".join(name for _, name in others[-2::-1])})')
+    try:
+        return path, read_resume_meta(path)
+    except ValueError as err:
+        raise explain_unreadable(path, err) from None

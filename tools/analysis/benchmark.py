@@ -68,6 +68,8 @@ from benchmark_common import (Table, autocast, parse_common,  # noqa: E402
                               synchronizer, time_forward, timed_phase)
 from forward_profile import BlockTimer, profile_top, stage_lines  # noqa: E402
 
+from clustr_mm.engine.cli_args import new_file  # noqa: E402
+
 REFERENCE = 'pvtv2-b2'  # img/s ratios are given against this model
 # options of this tool before each job had its own
 MOVED = {'--census': 'op_census.py', '--traffic': 'traffic_census.py',
@@ -253,7 +255,7 @@ def parse_args(argv):
                         help='also profile one eval forward (torch.profiler):'
                         ' the ops with the most self time (CUDA kernels on '
                         'a GPU)')
-    parser.add_argument('--plot', metavar='PNG',
+    parser.add_argument('--plot', metavar='PNG', type=new_file,
                         help='draw latency and memory versus input size here')
     args = parse_common(parser, argv)
     if args.compile != 'none':

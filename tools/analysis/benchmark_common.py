@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))  # provenance.py
 
-from clustr_mm.engine.cli_args import positive_int  # noqa: E402
+from clustr_mm.engine.cli_args import new_file, positive_int  # noqa: E402
 from provenance import cpu_name, software  # noqa: E402
 
 MODELS = {
@@ -250,7 +250,8 @@ def parser_for(doc, *, device=True, amp=True, timed=True, precision=True):
         parser.set_defaults(precision='ieee')
     parser.add_argument('--timeout', type=positive_int, default=1800,
                         help='seconds per (model, size) child')
-    parser.add_argument('--out', help='write all results as JSON here')
+    parser.add_argument('--out', type=new_file,
+                        help='write all results as JSON here')
     parser.add_argument('--max-size', nargs='+', default=[],
                         metavar='MODEL=S',
                         help='skip inputs above S x S pixels for MODEL')

@@ -49,7 +49,8 @@ from mmengine.config import Config, DictAction  # noqa: E402
 
 import clustr_mm  # noqa: E402,F401  (registers the backbones)
 from clustr_mm.analysis.flops import FlopReport, analyze_flops  # noqa: E402
-from clustr_mm.engine.cli_args import positive_int  # noqa: E402
+from clustr_mm.engine.cli_args import new_file, positive_int  # noqa: E402
+from clustr_mm.engine.options import merge_cfg_options  # noqa: E402
 from clustr_mm.engine.launch import SCOPES, build_in_scope  # noqa: E402
 
 PART_LABELS = {
@@ -178,7 +179,7 @@ def get_flops(config: str, shape=None, cfg_options=None,
     given); returns a JSON-friendly dict."""
     cfg = Config.fromfile(config)
     if cfg_options:
-        cfg.merge_from_dict(cfg_options)
+        merge_cfg_options(cfg, cfg_options, config)
     if not isinstance(cfg.get('model'), dict):
         raise ValueError(f'{cfg.filename}: the config has no model = dict('
                          '...) (a dataset, schedule or runtime piece?); '
@@ -257,7 +258,8 @@ def main(argv=None):
     parser.add_argument('--shape', type=positive_int, nargs='+', metavar='N',
                         help='input H W (one value: square); default: the '
                         "library's standard input")
-    parser.add_argument('--json', help='also write the result as JSON here')
+    parser.add_argument('--json', type=new_file,
+                        help='also write the result as JSON here')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config entries, key=value')
     args = parser.parse_args(argv)

@@ -125,10 +125,21 @@ def plot(results: List[dict], path: str, fit_from: float = 384) -> dict:
     return exps
 
 
+def _new_file(text: str) -> str:
+    """A file to write: checked when the command line is read (a folder
+    used to fail only after the plot was drawn)."""
+    if not text.strip() or osp.isdir(text):
+        raise argparse.ArgumentTypeError(
+            f'{text!r} is {"a directory" if text.strip() else "empty"}; '
+            'give a file name')
+    return text
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('results', help='JSON written by benchmark.py --out')
-    parser.add_argument('--out', required=True, help='PNG to write')
+    parser.add_argument('--out', required=True, type=_new_file,
+                        help='PNG to write')
     parser.add_argument('--fit-from', type=float, default=384,
                         help='smallest input side in the exponent fit')
     args = parser.parse_args(argv)

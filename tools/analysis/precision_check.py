@@ -34,7 +34,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 # the cluster drawing tool's loader (same folder: on sys.path when run)
 from visualize_clusters import (  # noqa: E402
     IMAGENET_MEAN, IMAGENET_STD, load_image)
-from clustr_mm.engine.cli_args import existing_dir  # noqa: E402
+from clustr_mm.engine.cli_args import existing_dir, new_file  # noqa: E402
 
 DEFAULT_DATA = 'data/imagenet'
 
@@ -109,7 +109,8 @@ def main(argv=None):
                         help='a folder searched for *.JPEG (random inputs '
                         'if it has none; default: data/imagenet where it '
                         'exists, else random inputs)')
-    parser.add_argument('--out', help='write the results as JSON here')
+    parser.add_argument('--out', type=new_file,
+                        help='write the results as JSON here')
     args = parser.parse_args(argv)
     if args.size < 32 or args.images < 1:
         parser.error(f'--size must be >= 32 and --images >= 1, got '

@@ -75,8 +75,9 @@ from mmengine.config import Config, DictAction  # noqa: E402
 from mmengine.hooks import Hook  # noqa: E402
 
 import clustr_mm  # noqa: E402,F401
+from clustr_mm.engine.options import merge_cfg_options  # noqa: E402
 from clustr_mm.engine.cli_args import (  # noqa: E402
-    new_file, non_negative_int, positive_int)
+    new_file, non_negative_int, positive_int, work_dir)
 from clustr_mm.engine.amp import AMP_WRAPPERS, use_amp  # noqa: E402
 from clustr_mm.engine.short_run import run_short  # noqa: E402
 from provenance import software  # noqa: E402
@@ -255,7 +256,7 @@ def prepare(config: str, args) -> Config:
     """``config`` with the command line's changes; what cannot be changed
     is refused here, before any config trains."""
     cfg = load(config)
-    cfg.merge_from_dict(args.cfg_options)
+    merge_cfg_options(cfg, args.cfg_options, config)
     cfg.launcher = 'none'
     cfg.model.backbone.init_cfg = None
     loader = cfg.train_dataloader
@@ -342,7 +343,8 @@ def main(argv=None):
                         help='timed iterations (default 10)')
     parser.add_argument('--warmup', type=non_negative_int, default=3,
                         help='untimed iterations first (default 3)')
-    parser.add_argument('--work-dir', help='logs (default: a temporary dir)')
+    parser.add_argument('--work-dir', type=work_dir,
+                        help='logs (default: a temporary dir)')
     parser.add_argument('--out', type=new_file,
                         help='also write the JSON rows here')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,

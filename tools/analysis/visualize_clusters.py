@@ -114,9 +114,10 @@ def build_model(config: str, checkpoint: Optional[str] = None,
     import clustr_mm  # noqa: F401
     from clustr_mm.checkpoints import load_backbone_state, read_checkpoint
     from clustr_mm.engine.launch import build_in_scope
+    from clustr_mm.engine.options import merge_cfg_options
     cfg = Config.fromfile(config)
     if cfg_options:
-        cfg.merge_from_dict(cfg_options)
+        merge_cfg_options(cfg, cfg_options, config)
     scope = cfg.get('default_scope', 'mmdet')
     model = build_in_scope(cfg.model, scope)
     if checkpoint:

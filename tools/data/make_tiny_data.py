@@ -54,9 +54,21 @@ __all__ = ['DATASETS', 'GENERATOR', 'generate', 'is_complete', 'main',
            'PART_SIZES', 'keypoint_colours']
 
 
+def _folder(text: str) -> str:
+    """The output root: a folder (a file there, or an empty name, is
+    refused when the command line is read)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f'{text!r} is empty; name a folder (. for the current one)')
+    if Path(text).exists() and not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f'{text!r} is a file, not a folder')
+    return text
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--out', default='data', help='output root (default: data)')
+    parser.add_argument('--out', default='data', type=_folder,
+                        help='output root (default: data)')
     parser.add_argument('--force', action='store_true',
                         help='rebuild datasets that are already complete')
     parser.add_argument('--only', nargs='+', choices=sorted(DATASETS),

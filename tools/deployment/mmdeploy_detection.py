@@ -57,7 +57,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 import numpy as np  # noqa: E402
 
 from clustr_mm.engine.cli_args import (  # noqa: E402
-    non_negative_float, positive_float, positive_int)
+    non_negative_float, positive_float, positive_int, work_dir)
 
 DEFAULT_IMAGES = ['data/coco/val2017/000000001001.jpg',
                   'data/coco/val2017/000000001002.jpg']
@@ -72,7 +72,7 @@ def parse_args(argv=None):
     p.add_argument('--deploy-cfg', required=True,
                    help='an mmdeploy deploy config (configs/deploy/)')
     p.add_argument('--images', nargs='+', default=DEFAULT_IMAGES)
-    p.add_argument('--work-dir', default='work_dirs/mmdeploy')
+    p.add_argument('--work-dir', type=work_dir, default='work_dirs/mmdeploy')
     p.add_argument('--box-tol', type=positive_float, default=1e-3)
     p.add_argument('--score-tol', type=positive_float, default=1e-4)
     p.add_argument('--noise', type=non_negative_float, default=1e-5,

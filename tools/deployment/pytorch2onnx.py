@@ -61,8 +61,9 @@ import torch  # noqa: E402
 from mmengine.config import Config, DictAction  # noqa: E402
 
 import clustr_mm  # noqa: E402,F401  (registers the backbones)
+from clustr_mm.engine.options import merge_cfg_options  # noqa: E402
 from clustr_mm.engine.cli_args import (  # noqa: E402
-    positive_float, positive_int)
+    new_file, positive_float, positive_int)
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 from onnx_export import (EXPORTERS, ExportError, TensorPath,  # noqa: E402
@@ -195,7 +196,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help='export batch size (default 1)')
     parser.add_argument('--dynamic', action='store_true',
                         help='batch, height and width as graph inputs')
-    parser.add_argument('--out', default=None,
+    parser.add_argument('--out', default=None, type=new_file,
                         help='ONNX file (default: work_dirs/onnx/'
                         '<config name>[_backbone].onnx)')
     parser.add_argument('--part', choices=PARTS, default='model',
@@ -221,7 +222,10 @@ def main(argv=None) -> Dict:
     if not osp.isfile(args.config):
         raise SystemExit(f'config file not found: {args.config}')
     cfg = Config.fromfile(args.config)
-    cfg.merge_from_dict(args.cfg_options)
+    try:
+        merge_cfg_options(cfg, args.cfg_options, args.config)
+    except ValueError as err:
+        raise SystemExit(str(err))
     out = args.out or osp.join(
         'work_dirs', 'onnx', osp.splitext(osp.basename(args.config))[0] +
         ('_backbone' if args.part == 'backbone' else '') + '.onnx')

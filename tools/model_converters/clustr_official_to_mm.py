@@ -11,28 +11,33 @@ Example::
         clustr_small_official.pth work_dirs/clustr-s_in1k.pth
 """
 import argparse
+import os
 import os.path as osp
 import sys
 
 import torch
 
+sys.path.insert(0, osp.join(osp.dirname(__file__), '..', '..'))
+from clustr_mm.engine.cli_args import new_file  # noqa: E402
 
-def parse_args():
+
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('src', help='official checkpoint ({"model": ...} or '
                         'a raw state dict)')
-    parser.add_argument('dst', help='output path')
+    # checked before the conversion: a folder used to fail after it, with
+    # torch's C++ message and no path
+    parser.add_argument('dst', type=new_file, help='output file')
     parser.add_argument('--arch', choices=['tiny', 'small', 'base'],
                         help='ClusTR arch (default: inferred from weights)')
     parser.add_argument('--force', action='store_true',
                         help='write the output even if keys are missing or '
                         'shapes mismatch')
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
-def main():
-    args = parse_args()
-    sys.path.insert(0, osp.join(osp.dirname(__file__), '..', '..'))
+def main(argv=None):
+    args = parse_args(argv)
     from clustr_mm.models.backbones.clustr import ClusTR
     from clustr_mm.checkpoints import (compare_state_dicts,
                                        infer_clustr_config,
@@ -96,6 +101,7 @@ def main():
     meta = dict(source=osp.abspath(args.src), arch=arch,
                 converted_from=source,
                 converter='tools/model_converters/clustr_official_to_mm.py')
+    os.makedirs(osp.dirname(osp.abspath(args.dst)), exist_ok=True)
     torch.save(dict(state_dict=state_dict, meta=meta), args.dst)
     print(f'saved {len(state_dict)} tensors to {args.dst}')
 

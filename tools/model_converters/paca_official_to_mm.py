@@ -30,13 +30,16 @@ from clustr_mm.checkpoints import (  # noqa: E402
     compare_state_dicts, infer_paca_config, load_checkpoint_file)
 from clustr_mm.checkpoints.paca_official import (  # noqa: E402
     SIGNATURE, release_variant)
-from clustr_mm.engine.cli_args import positive_int  # noqa: E402
+from clustr_mm.engine.cli_args import new_file, positive_int  # noqa: E402
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('src', help='official checkpoint (.pth)')
-    parser.add_argument('dst', help='output clustr_mm checkpoint (.pth)')
+    # checked before the conversion: a folder used to fail after it, with
+    # torch's C++ message and no path
+    parser.add_argument('dst', type=new_file,
+                        help='output clustr_mm checkpoint (.pth)')
     parser.add_argument(
         '--num-heads', type=positive_int, nargs=4, default=None,
         help='heads per stage if not the official 2 4 8 16')
