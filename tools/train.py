@@ -19,8 +19,10 @@ from clustr_mm.engine.atomic_io import sweep_stale_temporaries  # noqa: E402
 from clustr_mm.engine.fail_fast_hook import (  # noqa: E402
     CannotLearnError, DivergedError, training_position)
 from clustr_mm.engine.launch import (  # noqa: E402
-    add_common_args, add_run_hooks, build_runner, check_train_length,
-    finish_distributed, load_config)
+    add_common_args, add_run_hooks, build_runner, finish_distributed,
+    load_config)
+from clustr_mm.engine.run_settings import (  # noqa: E402
+    RunSettingError, check_run_settings)
 from clustr_mm.engine.resume import (  # noqa: E402
     checkpoint_in_folder, choose_resume_checkpoint, explain_unreadable,
     read_resume_meta)
@@ -54,11 +56,6 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     cfg = load_config(args)
-    try:
-        check_train_length(cfg)
-    except ValueError as err:
-        sys.exit(f'[train] {args.config}: {err}')
-
     if args.amp:
         print(f'[train] --amp: {use_amp(cfg)}', flush=True)
     if args.auto_scale_lr:
@@ -68,6 +65,10 @@ def main(argv=None):
                 f'(default_scope {cfg.default_scope}); add '
                 'auto_scale_lr = dict(base_batch_size=...) to the config')
         cfg.auto_scale_lr.enable = True
+    try:  # settings with which the run would go nowhere, before any build
+        check_run_settings(cfg)
+    except RunSettingError as err:
+        sys.exit(f'[train] {args.config}: {err}')
 
     add_run_hooks(cfg)
     add_coverage_check(cfg, args.allow_partial_load)
@@ -93,7 +94,7 @@ def main(argv=None):
                   flush=True)
     try:
         runner.train()
-    except (DivergedError, CannotLearnError) as err:
+    except (DivergedError, CannotLearnError, RunSettingError) as err:
         sys.exit(f'[train] {args.config}: {err}')
     except Exception:
         where = training_position(runner)

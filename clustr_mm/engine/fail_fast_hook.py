@@ -16,6 +16,7 @@ from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 
 from .data_checks import leaf_datasets
+from .run_settings import check_runner
 
 
 class DivergedError(FloatingPointError):
@@ -61,7 +62,11 @@ class FailFastHook(Hook):
 
     A run that cannot learn stops too, before anything is saved: an empty
     training set (every entry filtered out), a model with nothing to train
-    (every parameter frozen, or every learning rate 0), and a loss of
+    (every parameter frozen, or every learning rate 0), settings with which
+    the run goes nowhere (``run_settings.check_runner``: a resumed
+    checkpoint that already reached ``max_epochs``, ``clip_grad.max_norm``
+    0, ``val_interval`` 0, schedulers that keep the rate at 0, ...,
+    raising ``RunSettingError`` before iteration 1), and a loss of
     exactly 0 in each of the first ``zero_loss_iters`` iterations (or in all
     of a shorter run, or of the first epoch): no real target gives that,
     while targets that all weigh 0 do (mmpose turns a NaN person box into
@@ -107,6 +112,9 @@ class FailFastHook(Hook):
                 'every parameter group trains with a learning rate of 0 '
                 '(optim_wrapper.optimizer.lr, or lr_mult=0 in '
                 'optim_wrapper.paramwise_cfg): nothing would be learned')
+        # settings with which the run goes nowhere (run_settings.py): a
+        # resumed checkpoint at the end of the run, clipping by 0, ...
+        check_runner(runner)
 
     def _zero_loss(self, runner, seen: str) -> CannotLearnError:
         return CannotLearnError(

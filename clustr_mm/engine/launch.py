@@ -21,6 +21,7 @@ from ..registry import skip_note
 from .cli_args import work_dir as work_dir_arg
 from .options import (check_config_switches, check_work_dir,
                       merge_cfg_options)
+from .run_settings import check_train_length  # noqa: F401  (moved there)
 
 SCOPES = ('mmpretrain', 'mmdet', 'mmseg', 'mmpose')
 
@@ -97,22 +98,6 @@ def load_config(args: argparse.Namespace) -> Config:
     if args.launcher != 'none' and not torch.cuda.is_available():
         prepare_cpu_distributed(cfg)
     return cfg
-
-
-def check_train_length(cfg: Config) -> None:
-    """Refuse a training run that would train nothing: ``max_epochs`` /
-    ``max_iters`` below 1 (MMEngine runs zero iterations, writes no
-    checkpoint and exits 0 without a word)."""
-    train_cfg = cfg.get('train_cfg') or {}
-    for key in ('max_epochs', 'max_iters'):
-        value = train_cfg.get(key)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(
-                f'train_cfg.{key}={value!r}: nothing would be trained (no '
-                f'iteration, no checkpoint); {key} must be an int >= 1. To '
-                'evaluate a checkpoint use tools/test.py')
 
 
 #: What every training run gets (the shipped configs list them; a config of
