@@ -252,8 +252,10 @@ def batch_consts(layout: WindowLayout, batch: int,
         return layout.batches[key]
     dev = layout.device
     inf = torch.tensor(float('inf'), device=dev)
+    # no clustered scale (every token its own cluster): nothing to cluster,
+    # only the merge's rows
     groups = tuple(_group_consts(layout, grp, batch, inf)
-                   for grp in layout.groups)
+                   for grp in layout.groups) if layout.clustered else ()
     totals = [layout.totals[s] for s in layout.clustered]
     rows = batch * sum(totals)
     identity_rows = None

@@ -391,15 +391,17 @@ def split_scales(merged: torch.Tensor, layout: WindowLayout,
     (:func:`cluster_and_merge`): the clustered scales in order, then the
     identity scales' tokens (one block shared by all of them)."""
     c = merged.shape[-1]
+    n = layout.hw[0] * layout.hw[1]
     out, start = [], 0
-    ident = None
     for s in range(layout.num_scales):
         if s in layout.clustered:
             size = batch * layout.totals[s]
-            out.append(merged[start:start + size].view(batch, -1, c))
+            out.append(merged[start:start + size].view(
+                batch, layout.totals[s], c))
             start += size
         else:
             out.append(None)
-    if start < merged.shape[0]:
-        ident = merged[start:].view(batch, -1, c)
+    if len(layout.clustered) == layout.num_scales:
+        return out
+    ident = merged[start:start + batch * n].view(batch, n, c)
     return [ident if z is None else z for z in out]
