@@ -1101,8 +1101,8 @@ def test_benchmark_traffic(tmp_path):
         assert r['time_bound_s'] >= r['ops'] * 2.5e-6 * (1 - 1e-9)
     # the precision that applied: the counted fused op's, none for Swin-T
     assert clustr['precision'] == 'tf32x3' and swin['precision'] is None
-    # the clustering is the fused op, once per clustering block
-    assert clustr['op_counts']['clustr_mm::dpc_knn'] == 9
+    # the clustering (and merge) is the fused op, once per clustering block
+    assert clustr['op_counts']['clustr_mm::dpc_knn_merge'] == 9
     assert 'topk' not in clustr['op_counts']
     assert clustr['bytes_vs_swin_t'] == pytest.approx(
         clustr['bytes'] / swin['bytes'])

@@ -188,3 +188,22 @@ def test_merge_check_is_strict_on_request(merge_kernels_on_cpu,
     monkeypatch.setenv('CLUSTR_MM_FUSED_CHECK_STRICT', '1')
     with pytest.raises(FusedCheckError, match='token rows differ'):
         _bodies(1)
+
+
+@needs_custom_op
+def test_flop_counter_counts_the_clustering_inside_the_op():
+    """The op's FLOPs (torch.utils.flop_counter, the traffic census): the
+    fused DPC-kNN's on the padded windows plus the merge's sums."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from clustr_mm.ops.dpc_knn.fused import dpc_knn_flops
+    from clustr_mm.ops.dpc_knn.merge import dpc_knn_merge_flops
+    x, logits = _inputs(2, 11 * 13, 4)
+    layout = layout_for((11, 13), 5, 2, (1, 4), 5, torch.device('cpu'),
+                        FUSED_PLAN)
+    with FlopCounterMode(display=False) as counter:
+        cluster_and_merge(x, logits, layout, True)
+    flops = counter.get_total_flops()
+    # 3 x 3 windows of 5 x 5 tokens padded, per image; at most 24 centers
+    assert flops == dpc_knn_merge_flops((2, 143, 4), (11, 13), 5, 2, (1, 4))
+    assert flops == dpc_knn_flops(18, 25, 4, 24) + 2 * 2 * 143 * 4 * 2

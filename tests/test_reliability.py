@@ -146,6 +146,7 @@ _OUTPUTS_SNIPPET = """
 import sys, torch
 sys.path.insert(0, 'tests')
 from test_reliability import BACKBONES, _build, _forward, _images
+torch.set_num_threads(int(sys.argv[2]))
 torch.save({name: _forward(_build(name), _images()) for name in BACKBONES},
            sys.argv[1])
 """
@@ -155,9 +156,12 @@ torch.save({name: _forward(_build(name), _images()) for name in BACKBONES},
 def test_eval_outputs_identical_across_runs(tmp_path):
     """Another process builds the same seeded backbones and evaluates the
     same images: outputs and assignments are bit-identical to this one's
-    (twice here too)."""
-    run_tool(['-c', _OUTPUTS_SNIPPET, str(tmp_path / 'other.pt')],
-             timeout=300)
+    (twice here too). Both use this process's threads: CPU kernels split
+    their sums by thread, so 1 and 2 threads differ in the last bits (test
+    modules set the threads when imported, after conftest.py sets the
+    worker's share that the tool's environment carries)."""
+    run_tool(['-c', _OUTPUTS_SNIPPET, str(tmp_path / 'other.pt'),
+              str(torch.get_num_threads())], timeout=300)
     other = torch.load(tmp_path / 'other.pt')
     for name in BACKBONES:
         model = _build(name)

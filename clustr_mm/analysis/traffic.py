@@ -93,13 +93,22 @@ def time_bound(nbytes: float, flops: float, half: bool,
     return max(nbytes / BANDWIDTH, flops / peak, LAUNCH_S)
 
 
+# The fused clustering ops and where their precision argument sits.
+_PRECISION_ARG = {'dpc_knn': 6, 'dpc_knn_merge': 10}
+
+
 def _tf32x3(func, args, kwargs) -> bool:
-    """Whether ``func`` is the fused clustering op in 'tf32x3' precision
-    (its last argument)."""
-    if func.overloadpacket is not getattr(getattr(torch.ops, 'clustr_mm',
-                                                  None), 'dpc_knn', None):
+    """Whether ``func`` is a fused clustering op (the DPC-kNN, or the
+    clustering and merge around it) in 'tf32x3' precision."""
+    ops = getattr(torch.ops, 'clustr_mm', None)
+    name = func.overloadpacket.__name__
+    if name not in _PRECISION_ARG or func.overloadpacket is not getattr(
+            ops, name, None):
         return False
-    return kwargs.get('precision', args[-1]) == 'tf32x3'
+    precision = kwargs.get('precision')
+    if precision is None and len(args) > _PRECISION_ARG[name]:
+        precision = args[_PRECISION_ARG[name]]
+    return precision == 'tf32x3'
 
 
 class TrafficCensus(TorchDispatchMode):

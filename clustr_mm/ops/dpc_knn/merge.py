@@ -356,6 +356,40 @@ if HAS_CUSTOM_OP:
 
     _op.register_autograd(_backward, setup_context=_setup)
 
+    try:
+        from torch.utils.flop_counter import register_flop_formula
+    except ImportError:
+        register_flop_formula = None
+    if register_flop_formula is not None:
+
+        @register_flop_formula(torch.ops.clustr_mm.dpc_knn_merge)
+        def _flops(x_shape, w_shape, hw, window_size, sr_ratio,
+                   scale_factors, *args, out_shape=None, **kwargs):
+            return dpc_knn_merge_flops(x_shape, hw, window_size or None,
+                                       sr_ratio, scale_factors)
+
+
+def dpc_knn_merge_flops(x_shape: Sequence[int], hw: Sequence[int],
+                        window_size: Optional[int], sr_ratio: int,
+                        scale_factors: Sequence[int]) -> int:
+    """FLOPs of one op call (``torch.utils.flop_counter``'s convention, 2 a
+    multiply-add): the fused DPC-kNN's on the padded windows of the grid
+    (:func:`~.fused.dpc_knn_flops`) and the merge's weighted sums, a
+    multiply-add per token, channel and merged scale."""
+    from .fused import dpc_knn_flops
+    b, _, c = x_shape
+    h, w = int(hw[0]), int(hw[1])
+    size = window_size or max(h, w)
+    wh, ww = min(size, h), min(size, w)
+    windows = b * -(-h // wh) * -(-w // ww)
+    tokens = window_tokens((h, w), window_size)
+    counts = [cnt for cnt in cluster_counts(tokens, sr_ratio, scale_factors)
+              if cnt != tokens]
+    merged = len(counts) + (len(counts) < len(scale_factors))
+    centers = max((max(cnt) for cnt in counts), default=0)
+    return (dpc_knn_flops(windows, wh * ww, c, centers) if counts else 0) + (
+        2 * b * h * w * c * merged)
+
 
 def cluster_and_merge(x: torch.Tensor, w: Optional[torch.Tensor],
                       layout: WindowLayout, log_weights: bool = False
