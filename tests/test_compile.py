@@ -6,8 +6,9 @@ The configs are the embedded ImageNet ones with one narrow block per stage
 (every stage still clusters: ClusTR's DPC-kNN and merge through the fused op
 that a GPU runs, ``torch.ops.clustr_mm.dpc_knn_merge``; PaCa's learned
 clustering), batch 4 at 64x64. The backend is ``aot_eager``: dynamo's
-capture and AOTAutograd's forward and backward graphs (the op's fake implementation, functionalisation)
-as inductor gets them, without inductor's C++ builds: the ClusTR run alone
+capture and AOTAutograd's forward and backward graphs (the op's fake
+implementation, functionalisation) as inductor gets them, without
+inductor's C++ builds: the ClusTR run alone
 took 101 s under inductor with an empty inductor cache on the 2-core CPU
 (32 s with a warm one), against about 13 s here.
 
