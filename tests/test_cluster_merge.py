@@ -138,12 +138,6 @@ def merge_kernels_on_cpu(monkeypatch):
     first_use.reset()
 
 
-def _torch_merge(x, w, log_weights, clustered, consts):
-    rows = merge_mod.token_rows(clustered, consts)
-    return rows, merge_mod.merge_sums(x, w, log_weights, rows,
-                                      consts.merge_zeros)
-
-
 def _layout():
     return layout_for((9, 11), None, 2, (1, 4), 5, torch.device('cpu'),
                       FUSED_PLAN)
@@ -156,7 +150,7 @@ def _bodies(n=2):
 
 def test_merge_kernels_that_agree_are_checked_once(merge_kernels_on_cpu,
                                                    recwarn):
-    calls = merge_kernels_on_cpu(_torch_merge)
+    calls = merge_kernels_on_cpu(merge_mod.merge_torch)
     first, second = _bodies()
     assert len(calls) == 2  # checked on the first call, trusted after
     assert torch.equal(first[2], second[2])
@@ -166,7 +160,7 @@ def test_merge_kernels_that_agree_are_checked_once(merge_kernels_on_cpu,
 def test_merge_kernels_that_disagree_fall_back_to_torch(
         merge_kernels_on_cpu, monkeypatch):
     def wrong(*args):
-        rows, merged = _torch_merge(*args)
+        rows, merged = merge_mod.merge_torch(*args)
         return rows, merged + 1e-3
     calls = merge_kernels_on_cpu(wrong)
     with pytest.warns(RuntimeWarning, match='the merge kernels disagree '
@@ -184,7 +178,7 @@ def test_merge_check_is_strict_on_request(merge_kernels_on_cpu,
                                           monkeypatch):
     from clustr_mm.ops.dpc_knn.first_use import FusedCheckError
     merge_kernels_on_cpu(lambda *args: (args[3].flatten(1)[:1] * 0,
-                                        _torch_merge(*args)[1]))
+                                        merge_mod.merge_torch(*args)[1]))
     monkeypatch.setenv('CLUSTR_MM_FUSED_CHECK_STRICT', '1')
     with pytest.raises(FusedCheckError, match='token rows differ'):
         _bodies(1)

@@ -46,8 +46,8 @@ from ...ops.dpc_knn.common import (CLUSTR_SCALES, ClusteringPlan, ClusterIds,
                                    Task, WindowLayout, cluster_counts,
                                    window_tokens)
 from ...ops.dpc_knn.dispatch import Choice, batch_consts, choose_backend
-from ...ops.dpc_knn.merge import (cluster_and_merge, layout_for, merge_sums,
-                                  split_scales, token_rows)
+from ...ops.dpc_knn.merge import (cluster_and_merge, layout_for, merge_torch,
+                                  split_scales)
 from ...ops.dpc_knn.reference import DEFAULT_PRECISION, check_precision
 from ...registry import register_model
 from .arg_checks import check_dpc_knn_args
@@ -80,9 +80,8 @@ def merge_clusters(x: torch.Tensor, w: Optional[torch.Tensor],
         x = x.float()
         w = None if w is None else w.float()
         if b:
-            consts = batch_consts(layout, b, c)
-            merged = merge_sums(x, w, False, token_rows(ids.clustered, consts),
-                                consts.merge_zeros)
+            merged = merge_torch(x, w, False, ids.clustered,
+                                 batch_consts(layout, b, c))[1]
         else:  # empty batch (a size, not data: no sync)
             merged = x.new_zeros(0, c)
     return split_scales(merged.to(dtype), layout, b)

@@ -182,6 +182,15 @@ def merge_sums(x: torch.Tensor, w: Optional[torch.Tensor], log_weights: bool,
     return total[:, :c] / (total[:, c:] + EPS)
 
 
+def merge_torch(x: torch.Tensor, w: Optional[torch.Tensor],
+                log_weights: bool, clustered: Optional[torch.Tensor],
+                consts: BatchConsts) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(rows, merged) by torch calls: :func:`token_rows` of the clustered
+    ids and :func:`merge_sums` (what :func:`merge_kernels` computes)."""
+    rows = token_rows(clustered, consts)
+    return rows, merge_sums(x, w, log_weights, rows, consts.merge_zeros)
+
+
 def merge_backward(grad: torch.Tensor, merged: torch.Tensor,
                    x: torch.Tensor, w: Optional[torch.Tensor],
                    log_weights: bool, rows: torch.Tensor):
@@ -220,8 +229,7 @@ def _body(x: torch.Tensor, w: Optional[torch.Tensor], layout: WindowLayout,
     ids = assign_clusters(x, layout)
     consts = batch_consts(layout, x.shape[0], x.shape[2])
     def torch_merge():
-        rows = token_rows(ids.clustered, consts)
-        return rows, merge_sums(x, w, log_weights, rows, consts.merge_zeros)
+        return merge_torch(x, w, log_weights, ids.clustered, consts)
 
     if runs_kernels(x) and ids.clustered is not None:
         # the kernels' first use on a device is checked against torch
